@@ -1,0 +1,69 @@
+package redact
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestString(t *testing.T) {
+	t.Parallel()
+	secrets := []string{
+		"sk_live_51HxYzAbCdEf0123456789",
+		"sk_test_4eC39HqLyjWDarjtT1zdp7dc",
+		"rk_live_abcdef0123456789",
+		"whsec_abcdefgh12345678",
+		"xoxb-1234567890-abcdefghijk",
+		"xapp-1-A0123456789-abcdef",
+		"https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX",
+		"s3cretpw",
+	}
+	in := "key=" + secrets[0] + " test " + secrets[1] + " rk " + secrets[2] + " " + secrets[3] +
+		" slack " + secrets[4] + " " + secrets[5] + " hook " + secrets[6] +
+		" db postgres://billing:" + secrets[7] + "@db.internal:5432/ledger?sslmode=require" +
+		" Authorization: Bearer abcdefghijklmnop"
+	out := String(in)
+	for _, s := range secrets {
+		if strings.Contains(out, s) {
+			t.Errorf("secret %q survived redaction: %s", s, out)
+		}
+	}
+	if strings.Contains(out, "abcdefghijklmnop") {
+		t.Errorf("bearer token survived: %s", out)
+	}
+	if !strings.Contains(out, "billing:"+Mask+"@db.internal") {
+		t.Errorf("user and host should stay readable: %s", out)
+	}
+}
+
+func TestStringLeavesOrdinaryTextAlone(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"charged c_42 for 2026-11: ch_3Nabc", "cus_ABC", "redis://127.0.0.1:6379/0", "idempotency key 9f86d081884c7d65"} {
+		if got := String(s); got != s {
+			t.Errorf("String(%q) = %q, want unchanged", s, got)
+		}
+	}
+}
+
+func TestURL(t *testing.T) {
+	t.Parallel()
+	got := URL("postgres://u:p4ss@h:5432/db?sslmode=disable&password=other")
+	if strings.Contains(got, "p4ss") || strings.Contains(got, "other") {
+		t.Fatalf("URL leaked a password: %s", got)
+	}
+	if got := URL("redis://:hunter22@localhost:6379/0"); strings.Contains(got, "hunter22") {
+		t.Fatalf("URL leaked a redis password: %s", got)
+	}
+}
+
+func TestErrorKeepsChain(t *testing.T) {
+	t.Parallel()
+	base := errors.New("dial postgres://a:secretpw@h/db: refused")
+	err := Error(base)
+	if strings.Contains(err.Error(), "secretpw") {
+		t.Fatalf("error leaked: %v", err)
+	}
+	if !errors.Is(err, base) {
+		t.Fatal("errors.Is lost the original error")
+	}
+}
