@@ -1,0 +1,87 @@
+package alerts
+
+import (
+	"regexp"
+	"strings"
+)
+
+// redaction is one pattern and what replaces it. Patterns are applied in
+// order: URLs first, so that a token inside a URL is removed with the URL.
+type redaction struct {
+	re   *regexp.Regexp
+	repl string
+}
+
+var redactions = []redaction{
+	// Incoming-webhook URLs are bearer credentials: anyone holding one can post.
+	{regexp.MustCompile(`(?i)https?://hooks\.slack(?:-gov)?\.com/[^\s"'<>|)]*`), "https://hooks.slack.com/[REDACTED]"},
+	// user:password@ in any URL (postgres://, postgresql://, redis://, rediss://, amqp://, ...).
+	// The user name is kept because it helps debugging and is not a secret.
+	{regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://)([^:/@\s"'<>]*):([^@\s"'<>]+)@`), "${1}${2}:[REDACTED]@"},
+	// Stripe secret, restricted and publishable keys, webhook secrets, ephemeral keys.
+	{regexp.MustCompile(`\b(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]+`), "[REDACTED_STRIPE_KEY]"},
+	{regexp.MustCompile(`\b(?:whsec|ek_live|ek_test)_[0-9A-Za-z]+`), "[REDACTED_STRIPE_KEY]"},
+	// PaymentIntent / SetupIntent client secrets: pi_123_secret_abc.
+	{regexp.MustCompile(`\b((?:pi|seti)_[0-9A-Za-z]+)_secret_[0-9A-Za-z]+`), "${1}_secret_[REDACTED]"},
+	// Slack tokens: bot, user, app-level, configuration and refresh tokens.
+	{regexp.MustCompile(`\bxox[a-z](?:\.xox[a-z])?-[0-9A-Za-z\-]+`), "[REDACTED_SLACK_TOKEN]"},
+	{regexp.MustCompile(`\bxapp-[0-9A-Za-z\-]+`), "[REDACTED_SLACK_TOKEN]"},
+	// Authorization headers that end up in error strings or dumps.
+	{regexp.MustCompile(`(?i)\b(bearer|basic)\s+[0-9A-Za-z._~+/=\-]{8,}`), "${1} [REDACTED]"},
+	// key=value and key: value secrets, as in libpq DSNs ("password=..."),
+	// query strings and config dumps.
+	{regexp.MustCompile(`(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)(\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s&,;"']+)`), "${1}${2}[REDACTED]"},
+}
+
+// panCandidate finds digit runs that could be a card number: 13 to 19 digits,
+// optionally grouped by single spaces or dashes as people type them.
+var panCandidate = regexp.MustCompile(`\b\d(?:[ \-]?\d){12,18}\b`)
+
+// Redact removes secrets from s: Stripe keys (sk_/rk_/pk_ live and test,
+// webhook secrets, client secrets), Slack tokens (xoxb-, xoxp-, xoxa-, xoxs-,
+// xapp-), Slack incoming-webhook URLs, passwords in URLs such as postgres:// or
+// redis://, password=/secret=/api_key= assignments, bearer credentials, and
+// anything that passes the Luhn check as a 13-19 digit card number.
+//
+// Every text the alerts package sends or logs passes through it, so that an
+// error string that happens to carry a DSN or a key (invariant 7 of the
+// design) never reaches Slack.
+func Redact(s string) string {
+	if s == "" {
+		return s
+	}
+	for _, r := range redactions {
+		s = r.re.ReplaceAllString(s, r.repl)
+	}
+	return panCandidate.ReplaceAllStringFunc(s, func(m string) string {
+		digits := strings.Map(func(r rune) rune {
+			if r >= '0' && r <= '9' {
+				return r
+			}
+			return -1
+		}, m)
+		if !luhn(digits) {
+			return m
+		}
+		return "[REDACTED_CARD]"
+	})
+}
+
+// luhn reports whether digits passes the Luhn checksum that every card
+// number carries; it keeps long order numbers and timestamps readable.
+func luhn(digits string) bool {
+	sum := 0
+	double := false
+	for i := len(digits) - 1; i >= 0; i-- {
+		d := int(digits[i] - '0')
+		if double {
+			d *= 2
+			if d > 9 {
+				d -= 9
+			}
+		}
+		sum += d
+		double = !double
+	}
+	return sum%10 == 0
+}
