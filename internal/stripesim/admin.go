@@ -1,0 +1,144 @@
+package stripesim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// FaultsJSON is the wire form of Faults for POST/GET /_sim/faults: the same
+// fields in snake_case, durations as Go duration strings ("250ms").
+type FaultsJSON struct {
+	Latency struct {
+		Fixed    string  `json:"fixed,omitempty"`
+		Min      string  `json:"min,omitempty"`
+		Max      string  `json:"max,omitempty"`
+		TailProb float64 `json:"tail_prob,omitempty"`
+		Tail     string  `json:"tail,omitempty"`
+	} `json:"latency"`
+	PageLatency      map[string]string `json:"page_latency,omitempty"`
+	ErrorRate        float64           `json:"error_rate,omitempty"`
+	ErrorShouldRetry bool              `json:"error_should_retry,omitempty"`
+	RateLimitedRate  float64           `json:"rate_limited_rate,omitempty"`
+	RateLimit        float64           `json:"rate_limit,omitempty"`
+	RateBurst        int               `json:"rate_burst,omitempty"`
+	DeclineCustomers []string          `json:"decline_customers,omitempty"`
+	DropRate         float64           `json:"drop_rate,omitempty"`
+	DropNextCharges  int               `json:"drop_next_charges,omitempty"`
+	DropHang         bool              `json:"drop_hang,omitempty"`
+}
+
+func durStr(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
+}
+
+// ToJSON converts f to its wire form.
+func (f Faults) ToJSON() FaultsJSON {
+	var j FaultsJSON
+	j.Latency.Fixed, j.Latency.Min, j.Latency.Max = durStr(f.Latency.Fixed), durStr(f.Latency.Min), durStr(f.Latency.Max)
+	j.Latency.TailProb, j.Latency.Tail = f.Latency.TailProb, durStr(f.Latency.Tail)
+	if len(f.PageLatency) > 0 {
+		j.PageLatency = map[string]string{}
+		for p, d := range f.PageLatency {
+			j.PageLatency[p] = d.String()
+		}
+	}
+	j.ErrorRate, j.ErrorShouldRetry, j.RateLimitedRate = f.ErrorRate, f.ErrorShouldRetry, f.RateLimitedRate
+	j.RateLimit, j.RateBurst, j.DeclineCustomers = f.RateLimit, f.RateBurst, f.DeclineCustomers
+	j.DropRate, j.DropNextCharges, j.DropHang = f.DropRate, f.DropNextCharges, f.DropHang
+	return j
+}
+
+// Faults converts the wire form back, rejecting malformed durations.
+func (j FaultsJSON) Faults() (Faults, error) {
+	var f Faults
+	var err error
+	parse := func(name, s string) time.Duration {
+		if s == "" || err != nil {
+			return 0
+		}
+		d, e := time.ParseDuration(s)
+		if e != nil {
+			err = fmt.Errorf("%s: %w", name, e)
+		}
+		return d
+	}
+	f.Latency = Latency{
+		Fixed: parse("latency.fixed", j.Latency.Fixed), Min: parse("latency.min", j.Latency.Min),
+		Max: parse("latency.max", j.Latency.Max), TailProb: j.Latency.TailProb, Tail: parse("latency.tail", j.Latency.Tail),
+	}
+	if len(j.PageLatency) > 0 {
+		f.PageLatency = map[string]time.Duration{}
+		for p, s := range j.PageLatency {
+			f.PageLatency[p] = parse("page_latency."+p, s)
+		}
+	}
+	f.ErrorRate, f.ErrorShouldRetry, f.RateLimitedRate = j.ErrorRate, j.ErrorShouldRetry, j.RateLimitedRate
+	f.RateLimit, f.RateBurst, f.DeclineCustomers = j.RateLimit, j.RateBurst, j.DeclineCustomers
+	f.DropRate, f.DropNextCharges, f.DropHang = j.DropRate, j.DropNextCharges, j.DropHang
+	return f, err
+}
+
+// serveAdmin answers the unauthenticated /_sim/ endpoints the drill and
+// humans use:
+//
+//	GET  /_sim/faults      current faults (FaultsJSON)
+//	POST /_sim/faults      replace faults (FaultsJSON body)
+//	GET  /_sim/charges     every charge, oldest first
+//	GET  /_sim/duplicates  Duplicates()
+//	GET  /_sim/requests    Requests() and charge_creates
+//	POST /_sim/advance     {"duration": "24h"} moves the clock
+func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	reply := func(status int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	fail := func(status int, err error) { reply(status, map[string]string{"error": err.Error()}) }
+	switch r.Method + " " + r.URL.Path {
+	case "GET /_sim/faults":
+		reply(http.StatusOK, s.Faults().ToJSON())
+	case "POST /_sim/faults":
+		var j FaultsJSON
+		if err := json.NewDecoder(r.Body).Decode(&j); err != nil {
+			fail(http.StatusBadRequest, fmt.Errorf("decoding faults: %w", err))
+			return
+		}
+		f, err := j.Faults()
+		if err == nil {
+			err = s.SetFaults(f)
+		}
+		if err != nil {
+			fail(http.StatusBadRequest, err)
+			return
+		}
+		reply(http.StatusOK, s.Faults().ToJSON())
+	case "GET /_sim/charges":
+		reply(http.StatusOK, s.Charges())
+	case "GET /_sim/duplicates":
+		reply(http.StatusOK, s.Duplicates())
+	case "GET /_sim/requests":
+		reply(http.StatusOK, map[string]any{"requests": s.Requests(), "charge_creates": s.ChargeCreates()})
+	case "POST /_sim/advance":
+		var body struct {
+			Duration string `json:"duration"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			fail(http.StatusBadRequest, fmt.Errorf("decoding advance: %w", err))
+			return
+		}
+		d, err := time.ParseDuration(body.Duration)
+		if err != nil {
+			fail(http.StatusBadRequest, err)
+			return
+		}
+		s.Advance(d)
+		reply(http.StatusOK, map[string]any{"now": s.Now().UTC().Format(time.RFC3339)})
+	default:
+		fail(http.StatusNotFound, fmt.Errorf("no admin endpoint %s %s", r.Method, r.URL.Path))
+	}
+}

@@ -1,0 +1,236 @@
+package stripesim
+
+import (
+	"maps"
+	"net/http"
+	"strings"
+)
+
+// chargeParams are the validated parameters shared by POST /v1/charges and
+// confirmed POST /v1/payment_intents.
+type chargeParams struct {
+	amount        int64
+	currency      string
+	customer      string
+	description   string
+	paymentMethod string
+	metadata      map[string]string
+}
+
+func (s *Server) parseChargeParams(c *apiCall) (chargeParams, response, bool) {
+	var p chargeParams
+	amount, ok, resp := c.form.int64Param("amount")
+	if resp.status != 0 {
+		return p, resp, false
+	}
+	if !ok {
+		return p, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error",
+			Code: "parameter_missing", Param: "amount", Message: "Missing required param: amount."}), false
+	}
+	if amount < 1 {
+		return p, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error",
+			Code: "amount_too_small", Param: "amount", Message: "This value must be greater than or equal to 1."}), false
+	}
+	p.amount = amount
+	p.currency = strings.ToLower(c.form.get("currency"))
+	if len(p.currency) != 3 {
+		return p, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error",
+			Code: "parameter_missing", Param: "currency", Message: "Missing required param: currency."}), false
+	}
+	p.customer = c.form.get("customer")
+	if p.customer != "" && s.cfg.RequireCustomers {
+		s.store.mu.RLock()
+		_, known := s.store.customers[p.customer]
+		s.store.mu.RUnlock()
+		if !known {
+			resp := missing("customer", "customer", p.customer)
+			resp.status = http.StatusBadRequest
+			return p, resp, false
+		}
+	}
+	p.description = c.form.get("description")
+	p.paymentMethod = c.form.get("payment_method")
+	md, resp, ok := metadataParam(c.form)
+	if !ok {
+		return p, resp, false
+	}
+	p.metadata = md
+	return p, response{}, true
+}
+
+// declined is Stripe's 402 for a card decline. It is cached: the request
+// executed, and Stripe replays it for the same key.
+func declined(chargeID string, intent any) response {
+	resp := errorResp(http.StatusPaymentRequired, stripeError{
+		Type: "card_error", Code: "card_declined", DeclineCode: "generic_decline",
+		Message: "Your card was declined.", Charge: chargeID, PaymentIntent: intent,
+		DocURL: "https://stripe.com/docs/error-codes/card-declined",
+	})
+	resp.cache = true
+	return resp
+}
+
+func (s *Server) createCharge(c *apiCall) response {
+	p, resp, ok := s.parseChargeParams(c)
+	if !ok {
+		return resp
+	}
+	f := s.faults.current()
+	now := s.Now().Unix()
+	st := s.store
+	st.mu.Lock()
+	id, seq := st.nextID("ch")
+	ch := &charge{
+		id: id, seq: seq, created: now, customer: p.customer, amount: p.amount, currency: p.currency,
+		description: p.description, status: "succeeded", paymentMethod: p.paymentMethod,
+		metadata: p.metadata, livemode: c.livemode, idemKey: c.idemKey,
+	}
+	if f.declines[p.customer] {
+		ch.status, ch.failureCode, ch.failureMessage = "failed", "card_declined", "Your card was declined."
+	}
+	st.addCharge(ch)
+	out := ch.json()
+	st.mu.Unlock()
+	s.chargeCreates.Add(1)
+	if ch.status == "failed" {
+		return declined(ch.id, nil)
+	}
+	resp = jsonResp(out)
+	resp.createdCharge = true
+	return resp
+}
+
+func (s *Server) getCharge(c *apiCall) response {
+	expandPI := c.form.expands("payment_intent")
+	if expandPI {
+		if resp, ok := c.require("payment_intents_read"); !ok {
+			return resp
+		}
+	}
+	st := s.store
+	st.mu.RLock()
+	ch := st.charges[c.id]
+	if ch == nil {
+		st.mu.RUnlock()
+		return missing("charge", "id", c.id)
+	}
+	out := ch.json()
+	if expandPI {
+		st.expandIntent(&out)
+	}
+	st.mu.RUnlock()
+	return jsonResp(out)
+}
+
+// expandIntent embeds the charge's PaymentIntent; callers hold the lock.
+func (st *store) expandIntent(out *chargeJSON) {
+	if id, ok := out.PaymentIntent.(string); ok {
+		if p := st.intents[id]; p != nil {
+			out.PaymentIntent = p.json()
+		}
+	}
+}
+
+// updateCharge supports metadata and description updates (POST
+// /v1/charges/{id}); an empty metadata value deletes the key, as in Stripe.
+func (s *Server) updateCharge(c *apiCall) response {
+	md, resp, ok := metadataParam(c.form)
+	if !ok {
+		return resp
+	}
+	st := s.store
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ch := st.charges[c.id]
+	if ch == nil {
+		return missing("charge", "id", c.id)
+	}
+	if len(md) > 0 {
+		next := maps.Clone(ch.metadata)
+		if next == nil {
+			next = map[string]string{}
+		}
+		for k, v := range md {
+			if v == "" {
+				delete(next, k)
+			} else {
+				next[k] = v
+			}
+		}
+		ch.metadata = next
+	}
+	if c.form.has("description") {
+		ch.description = c.form.get("description")
+	}
+	return jsonResp(ch.json())
+}
+
+// listCharges serves GET /v1/charges with customer, payment_intent and
+// created filters, cursors and expand[]=data.payment_intent. Cost per page
+// is O(log n + limit) whatever the number of stored charges.
+func (s *Server) listCharges(c *apiCall) response {
+	q, resp, ok := parseListQuery(c.form)
+	if !ok {
+		return resp
+	}
+	expandPI := c.form.expands("data.payment_intent")
+	if expandPI {
+		if resp, ok := c.require("payment_intents_read"); !ok {
+			return resp
+		}
+	}
+	customerID, intentID := c.form.get("customer"), c.form.get("payment_intent")
+	st := s.store
+	pick := func() *index[*charge] {
+		switch {
+		case intentID != "":
+			if p := st.intents[intentID]; p != nil {
+				return &p.charges
+			}
+			return nil
+		case customerID != "":
+			return st.byCustomer[customerID]
+		}
+		return &st.allCharges
+	}
+	st.rlockSorted(func() []sorter {
+		if ix := pick(); ix != nil {
+			return []sorter{ix}
+		}
+		return nil
+	})
+	var cursor *sortKey
+	if id := q.startingAfter + q.endingBefore; id != "" {
+		ch := st.charges[id]
+		if ch == nil {
+			st.mu.RUnlock()
+			resp := missing("charge", cmpParam(q), id)
+			resp.status = http.StatusBadRequest
+			return resp
+		}
+		k := ch.sortKey()
+		cursor = &k
+	}
+	env := listEnvelope{Object: "list", URL: "/v1/charges", Data: []any{}}
+	if ix := pick(); ix != nil {
+		items, more := page(ix.items, q, cursor)
+		env.HasMore = more
+		env.Data = make([]any, len(items))
+		for i, ch := range items {
+			out := ch.json()
+			if expandPI {
+				st.expandIntent(&out)
+			}
+			env.Data[i] = out
+		}
+	}
+	st.mu.RUnlock()
+	return jsonResp(env)
+}
+
+func cmpParam(q listQuery) string {
+	if q.startingAfter != "" {
+		return "starting_after"
+	}
+	return "ending_before"
+}

@@ -1,0 +1,236 @@
+package stripesim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Faults are the failures the emulator injects. The zero value injects none.
+// Set them in Config.Faults, change them with Server.SetFaults or POST
+// /_sim/faults. Every random decision draws from one math/rand source seeded
+// by Config.Seed.
+type Faults struct {
+	// Latency delays every /v1 request after its idempotency key is claimed,
+	// so a concurrent retry with the same key sees 409 idempotency_key_in_use.
+	Latency Latency
+	// PageLatency adds a delay to each list call of a path, e.g.
+	// {"/v1/charges": 100 * time.Millisecond}, to simulate slow pagination.
+	PageLatency map[string]time.Duration
+
+	// ErrorRate is the fraction of /v1 requests answered 500 api_error
+	// before executing (never stored under the idempotency key).
+	ErrorRate float64
+	// ErrorShouldRetry adds "Stripe-Should-Retry: true" to injected 500s,
+	// which makes stripe-go retry even POSTs when MaxNetworkRetries > 0.
+	ErrorShouldRetry bool
+	// RateLimitedRate is the fraction of /v1 requests answered 429
+	// rate_limit before executing, independent of RateLimit.
+	RateLimitedRate float64
+	// RateLimit caps /v1 requests per second (token bucket, real time);
+	// excess requests get 429 rate_limit. 0 means unlimited.
+	RateLimit float64
+	// RateBurst is the bucket size; defaults to max(1, RateLimit).
+	RateBurst int
+
+	// DeclineCustomers are Stripe customer ids whose charges fail with 402
+	// card_error/card_declined/generic_decline. The failed charge is stored
+	// with status "failed", as Stripe does.
+	DeclineCustomers []string
+
+	// DropRate is the fraction of successful charge creates (POST
+	// /v1/charges, confirmed POST /v1/payment_intents) whose connection is
+	// closed after the charge is committed and its idempotent response
+	// recorded, before any byte of reply: "charge committed, response lost".
+	DropRate float64
+	// DropNextCharges drops the next N successful charge creates, then stops.
+	// Faults() reports how many remain.
+	DropNextCharges int
+	// DropHang holds a dropped connection open until the client gives up
+	// (its timeout or context) instead of closing it at once. Go's transport
+	// silently retries an Idempotency-Key POST when a reused keep-alive
+	// connection is closed without a reply; a hang is never retried by the
+	// transport, so it models a client timeout faithfully.
+	DropHang bool
+}
+
+// Latency describes injected delay: Fixed + uniform[Min, Max) + Tail with
+// probability TailProb.
+type Latency struct {
+	Fixed    time.Duration
+	Min, Max time.Duration
+	TailProb float64
+	Tail     time.Duration
+}
+
+// Validate reports nonsensical fault settings.
+func (f Faults) Validate() error {
+	var errs []error
+	for name, p := range map[string]float64{
+		"ErrorRate": f.ErrorRate, "RateLimitedRate": f.RateLimitedRate,
+		"DropRate": f.DropRate, "Latency.TailProb": f.Latency.TailProb,
+	} {
+		if p < 0 || p > 1 {
+			errs = append(errs, fmt.Errorf("%s %v outside [0, 1]", name, p))
+		}
+	}
+	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 {
+		errs = append(errs, errors.New("RateLimit, RateBurst and DropNextCharges must not be negative"))
+	}
+	l := f.Latency
+	if l.Fixed < 0 || l.Min < 0 || l.Max < l.Min || l.Tail < 0 {
+		errs = append(errs, fmt.Errorf("invalid latency %+v: durations must be >= 0 and Max >= Min", l))
+	}
+	return errors.Join(errs...)
+}
+
+// activeFaults is an immutable snapshot, swapped atomically so the hot path
+// reads faults without a lock.
+type activeFaults struct {
+	Faults
+	declines map[string]bool
+	limiter  *rate.Limiter
+}
+
+type faultState struct {
+	cur      atomic.Pointer[activeFaults]
+	dropNext atomic.Int64
+	rngMu    sync.Mutex
+	rng      *rand.Rand
+}
+
+func (fs *faultState) init(seed int64, f Faults) {
+	fs.rng = rand.New(rand.NewSource(seed))
+	fs.set(f)
+}
+
+func (fs *faultState) set(f Faults) {
+	a := &activeFaults{Faults: f, declines: make(map[string]bool, len(f.DeclineCustomers))}
+	for _, c := range f.DeclineCustomers {
+		a.declines[c] = true
+	}
+	if f.RateLimit > 0 {
+		burst := f.RateBurst
+		if burst == 0 {
+			burst = max(1, int(f.RateLimit))
+		}
+		a.limiter = rate.NewLimiter(rate.Limit(f.RateLimit), burst)
+	}
+	fs.dropNext.Store(int64(f.DropNextCharges))
+	fs.cur.Store(a)
+}
+
+func (fs *faultState) current() *activeFaults { return fs.cur.Load() }
+
+// chance draws one decision with probability p; p == 0 never touches the
+// shared source so fault-free runs do not contend on its lock.
+func (fs *faultState) chance(p float64) bool {
+	if p <= 0 {
+		return false
+	}
+	fs.rngMu.Lock()
+	defer fs.rngMu.Unlock()
+	return fs.rng.Float64() < p
+}
+
+func (fs *faultState) uniform(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	fs.rngMu.Lock()
+	defer fs.rngMu.Unlock()
+	return lo + time.Duration(fs.rng.Int63n(int64(hi-lo)))
+}
+
+func (fs *faultState) shouldDrop() bool {
+	for {
+		n := fs.dropNext.Load()
+		if n <= 0 {
+			break
+		}
+		if fs.dropNext.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+	return fs.chance(fs.current().DropRate)
+}
+
+// SetFaults replaces the active faults. DropNextCharges restarts its count.
+func (s *Server) SetFaults(f Faults) error {
+	if err := f.Validate(); err != nil {
+		return fmt.Errorf("stripesim: %w", err)
+	}
+	s.faults.set(f)
+	return nil
+}
+
+// Faults returns the active faults, with DropNextCharges set to the number of
+// drops still pending.
+func (s *Server) Faults() Faults {
+	f := s.faults.current().Faults
+	f.DropNextCharges = int(max(0, s.faults.dropNext.Load()))
+	return f
+}
+
+// injectPreExecution applies the rate limit and the injected 500/429 faults,
+// which all answer before the request executes.
+func (s *Server) injectPreExecution(r *http.Request) (response, bool) {
+	f := s.faults.current()
+	if f.limiter != nil && !f.limiter.Allow() {
+		s.log.Info("stripesim: rate limited", slog.String("path", r.URL.Path))
+		return rateLimited(), false
+	}
+	if s.faults.chance(f.ErrorRate) {
+		s.log.Info("stripesim: injecting 500", slog.String("path", r.URL.Path))
+		resp := errorResp(http.StatusInternalServerError, stripeError{
+			Type: "api_error", Message: "An unknown error occurred (injected by stripesim).",
+		})
+		if f.ErrorShouldRetry {
+			resp.shouldRetry = "true"
+		}
+		return resp, false
+	}
+	if s.faults.chance(f.RateLimitedRate) {
+		s.log.Info("stripesim: injecting 429", slog.String("path", r.URL.Path))
+		return rateLimited(), false
+	}
+	return response{}, true
+}
+
+func rateLimited() response {
+	return errorResp(http.StatusTooManyRequests, stripeError{
+		Type: "invalid_request_error", Code: "rate_limit",
+		Message: "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests.",
+	})
+}
+
+// sleepLatency applies Latency and PageLatency, waking early when the client
+// goes away or the server closes.
+func (s *Server) sleepLatency(r *http.Request, rt routeInfo) {
+	f := s.faults.current()
+	l := f.Latency
+	d := l.Fixed + s.faults.uniform(l.Min, l.Max)
+	if l.Tail > 0 && s.faults.chance(l.TailProb) {
+		d += l.Tail
+	}
+	if rt.list {
+		d += f.PageLatency[r.URL.Path]
+	}
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+	case <-s.closing:
+	}
+}

@@ -1,0 +1,140 @@
+package stripesim
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// createRefund serves POST /v1/refunds (charge or payment_intent, amount
+// defaulting to what is left, reason, metadata) and refuses, like Stripe,
+// refunds of failed charges, of fully refunded charges and beyond the
+// unrefunded amount.
+func (s *Server) createRefund(c *apiCall) response {
+	chargeID, intentID := c.form.get("charge"), c.form.get("payment_intent")
+	if chargeID == "" && intentID == "" {
+		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "parameter_missing",
+			Param: "charge", Message: "One of the following params should be provided for this request: charge or payment_intent."})
+	}
+	amount, hasAmount, resp := c.form.int64Param("amount")
+	if resp.status != 0 {
+		return resp
+	}
+	if hasAmount && amount < 1 {
+		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "amount_too_small",
+			Param: "amount", Message: "This value must be greater than or equal to 1."})
+	}
+	md, resp, ok := metadataParam(c.form)
+	if !ok {
+		return resp
+	}
+	st := s.store
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if chargeID == "" {
+		pi := st.intents[intentID]
+		if pi == nil {
+			resp := missing("payment_intent", "payment_intent", intentID)
+			resp.status = http.StatusBadRequest
+			return resp
+		}
+		chargeID = pi.latestCharge
+	}
+	ch := st.charges[chargeID]
+	if ch == nil {
+		resp := missing("charge", "charge", chargeID)
+		resp.status = http.StatusBadRequest
+		return resp
+	}
+	if ch.status != "succeeded" {
+		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_not_refundable",
+			Param: "charge", Message: fmt.Sprintf("Charge %s has failed and cannot be refunded.", ch.id)})
+	}
+	left := ch.amount - ch.amountRefunded
+	if left <= 0 {
+		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_already_refunded",
+			Param: "charge", Message: fmt.Sprintf("Charge %s has already been refunded.", ch.id)})
+	}
+	if !hasAmount {
+		amount = left
+	}
+	if amount > left {
+		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "amount_too_large",
+			Param: "amount", Message: fmt.Sprintf("Refund amount (%d) is greater than unrefunded amount on charge (%d)", amount, left)})
+	}
+	id, seq := st.nextID("re")
+	re := &refund{
+		id: id, seq: seq, created: s.Now().Unix(), amount: amount, charge: ch.id, currency: ch.currency,
+		paymentIntent: ch.paymentIntent, reason: c.form.get("reason"), metadata: md,
+	}
+	st.refunds[re.id] = re
+	st.allRefunds.add(re)
+	ch.refunds.add(re)
+	ch.amountRefunded += amount
+	return jsonResp(re.json())
+}
+
+func (s *Server) getRefund(c *apiCall) response {
+	st := s.store
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	re := st.refunds[c.id]
+	if re == nil {
+		return missing("refund", "id", c.id)
+	}
+	return jsonResp(re.json())
+}
+
+// listRefunds serves GET /v1/refunds, optionally for one charge or intent.
+func (s *Server) listRefunds(c *apiCall) response {
+	q, resp, ok := parseListQuery(c.form)
+	if !ok {
+		return resp
+	}
+	chargeID, intentID := c.form.get("charge"), c.form.get("payment_intent")
+	st := s.store
+	pick := func() *index[*refund] {
+		if intentID != "" {
+			if pi := st.intents[intentID]; pi != nil {
+				chargeID = pi.latestCharge
+			} else {
+				return nil
+			}
+		}
+		if chargeID != "" {
+			if ch := st.charges[chargeID]; ch != nil {
+				return &ch.refunds
+			}
+			return nil
+		}
+		return &st.allRefunds
+	}
+	st.rlockSorted(func() []sorter {
+		if ix := pick(); ix != nil {
+			return []sorter{ix}
+		}
+		return nil
+	})
+	var cursor *sortKey
+	if id := q.startingAfter + q.endingBefore; id != "" {
+		re := st.refunds[id]
+		if re == nil {
+			st.mu.RUnlock()
+			resp := missing("refund", cmpParam(q), id)
+			resp.status = http.StatusBadRequest
+			return resp
+		}
+		k := re.sortKey()
+		cursor = &k
+	}
+	env := listEnvelope{Object: "list", URL: "/v1/refunds", Data: []any{}}
+	if ix := pick(); ix != nil {
+		items, more := page(ix.items, q, cursor)
+		env.HasMore = more
+		env.Data = make([]any, len(items))
+		for i, re := range items {
+			env.Data[i] = re.json()
+		}
+	}
+	st.mu.RUnlock()
+	return jsonResp(env)
+}
