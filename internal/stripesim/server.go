@@ -416,16 +416,16 @@ func rakName(perm string) string {
 	return "rak_" + perm
 }
 
-// redactKey never echoes a full key: prefix, stars, last four characters.
+// redactKey never echoes a full key: the type prefix ("rk_test_"), stars,
+// and the last four characters when the secret part is long enough that
+// four characters reveal little.
 func redactKey(key string) string {
-	prefix := key
-	if i := strings.LastIndex(key, "_"); i >= 0 {
-		prefix = key[:i+1]
-	} else {
-		prefix = ""
+	prefix := ""
+	if parts := strings.SplitN(key, "_", 3); len(parts) == 3 {
+		prefix = parts[0] + "_" + parts[1] + "_"
 	}
 	tail := ""
-	if rest := len(key) - len(prefix); rest > 4 {
+	if len(key)-len(prefix) > 8 {
 		tail = key[len(key)-4:]
 	}
 	return prefix + "***" + tail
