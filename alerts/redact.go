@@ -3,6 +3,8 @@ package alerts
 import (
 	"regexp"
 	"strings"
+
+	"github.com/pelguard/pelguard/internal/redact"
 )
 
 // redaction is one pattern and what replaces it. Patterns are applied in
@@ -43,13 +45,17 @@ var panCandidate = regexp.MustCompile(`\b\d(?:[ \-]?\d){12,18}\b`)
 // redis://, password=/secret=/api_key= assignments, bearer credentials, and
 // anything that passes the Luhn check as a 13-19 digit card number.
 //
-// Every text the alerts package sends or logs passes through it, so that an
+// It is internal/redact.String plus client secrets, secret=/api_key=
+// assignments and card numbers. Every text the alerts package sends or logs passes through it, so that an
 // error string that happens to carry a DSN or a key (invariant 7 of the
 // design) never reaches Slack.
 func Redact(s string) string {
 	if s == "" {
 		return s
 	}
+	// The shared patterns first, so alerts never redacts less than the logs;
+	// the list below adds what an alert text can carry on top of them.
+	s = redact.String(s)
 	for _, r := range redactions {
 		s = r.re.ReplaceAllString(s, r.repl)
 	}

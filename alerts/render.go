@@ -49,8 +49,9 @@ func render(a Alert) message {
 	// for the "… and N more" line so the items can never push them out.
 	var tail []slack.Block
 	if a.Command != "" {
-		cmd := "*Run:*\n```" + strings.ReplaceAll(Escape(Redact(a.Command)), "```", "'''") + "```"
-		tail = append(tail, section(cutText(cmd, maxSectionText)))
+		// Cut the command, not the block, so the code fence stays closed.
+		cmd := cutText(strings.ReplaceAll(Escape(Redact(a.Command)), "```", "'''"), maxSectionText-20)
+		tail = append(tail, section("*Run:*\n```"+cmd+"```"))
 	}
 	tail = append(tail, slack.NewContextBlock("", slack.NewTextBlockObject(slack.MarkdownType, "pelguard · "+string(a.Kind), false, false)))
 
@@ -137,7 +138,8 @@ func cutText(s string, limit int) string {
 	runes := []rune(s)
 	// Leave room for the marker; 40 runes covers "\n… and 9999999 more lines".
 	keep := runes[:limit-40]
-	if i := strings.LastIndexByte(string(keep), '\n'); i > 0 {
+	// Cut at a line break unless that would throw away most of the room.
+	if i := strings.LastIndexByte(string(keep), '\n'); i > len(string(keep))/2 {
 		head := string(keep)[:i]
 		restLines := strings.Count(string(runes[utf8.RuneCountInString(head):]), "\n")
 		return head + fmt.Sprintf("\n… and %d more line%s", restLines, plural(restLines))

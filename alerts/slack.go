@@ -45,7 +45,8 @@ type Slack struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	dropLog dropLogger
+	dropLog   dropLogger
+	ownClient bool // cfg.HTTPClient was built by withDefaults
 }
 
 // NewSlackWebhook returns a notifier posting to cfg.WebhookURL.
@@ -62,8 +63,9 @@ func NewSlackWebhook(cfg SlackConfig) (*Slack, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	own := cfg.HTTPClient == nil
 	cfg = cfg.withDefaults()
-	return start(cfg, &webhookSender{url: cfg.WebhookURL, client: cfg.HTTPClient})
+	return start(cfg, own, &webhookSender{url: cfg.WebhookURL, client: cfg.HTTPClient})
 }
 
 // NewSlackBot returns a notifier posting to cfg.Channel with cfg.BotToken
@@ -75,12 +77,13 @@ func NewSlackBot(cfg SlackConfig) (*Slack, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	own := cfg.HTTPClient == nil
 	cfg = cfg.withDefaults()
 	api := slack.New(cfg.BotToken, slack.OptionAPIURL(cfg.APIURL+"/"), slack.OptionHTTPClient(cfg.HTTPClient))
-	return start(cfg, &botSender{api: api, ch: cfg.Channel})
+	return start(cfg, own, &botSender{api: api, ch: cfg.Channel})
 }
 
-func start(cfg Config, s sender) (*Slack, error) {
+func start(cfg Config, ownClient bool, s sender) (*Slack, error) {
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -100,6 +103,8 @@ func start(cfg Config, s sender) (*Slack, error) {
 		ctx:      ctx,
 		cancel:   cancel,
 		done:     make(chan struct{}),
+
+		ownClient: ownClient,
 	}
 	go n.run()
 	return n, nil
@@ -144,6 +149,7 @@ func (n *Slack) Close(ctx context.Context) error {
 		close(n.queue)
 		n.mu.Unlock()
 	})
+	defer n.closeIdle()
 	select {
 	case <-n.done:
 		n.cancel()
@@ -152,6 +158,14 @@ func (n *Slack) Close(ctx context.Context) error {
 		n.cancel()
 		<-n.done // quick: every wait in the worker watches n.ctx
 		return fmt.Errorf("alerts: closing before the queue drained: %w", ctx.Err())
+	}
+}
+
+// closeIdle releases the keep-alive connections of a client the notifier
+// built itself, so Close leaves no goroutine behind.
+func (n *Slack) closeIdle() {
+	if n.ownClient {
+		n.cfg.HTTPClient.CloseIdleConnections()
 	}
 }
 
