@@ -1,0 +1,75 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Cap is a billing period's spend cap: the seed's "vault key" (110 % of the
+// expected total) kept in the ledger instead of a third-party proxy.
+type Cap struct {
+	BillingPeriod string
+	CapCents      int64
+	ReservedCents int64
+	UpdatedAt     time.Time
+}
+
+// ErrCapBelowReserved: a cap cannot be set below what is already reserved.
+var ErrCapBelowReserved = errors.New("cap is below the amount already reserved for the period")
+
+// SetCap creates or changes a period's cap. Raising a cap is how events
+// dead-lettered with reason spend_cap become replayable.
+func (l *Ledger) SetCap(ctx context.Context, period string, capCents int64) (Cap, error) {
+	if period == "" || capCents < 0 {
+		return Cap{}, errors.New("ledger: a cap needs a period and a non-negative amount")
+	}
+	var c Cap
+	err := l.pool.QueryRow(ctx, `
+		INSERT INTO spend_caps (billing_period, cap_cents, updated_at) VALUES ($1, $2, $3)
+		ON CONFLICT (billing_period) DO UPDATE SET cap_cents = EXCLUDED.cap_cents, updated_at = EXCLUDED.updated_at
+		RETURNING billing_period, cap_cents, reserved_cents, updated_at`,
+		period, capCents, l.clock.Now()).Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == "reserved_within_cap" {
+		cur, _ := l.Cap(ctx, period)
+		return Cap{}, fmt.Errorf("setting cap for %s to %d cents: %d cents are already reserved: %w",
+			period, capCents, cur.ReservedCents, ErrCapBelowReserved)
+	}
+	if err != nil {
+		return Cap{}, fmt.Errorf("setting cap for %s: %w", period, err)
+	}
+	return c, nil
+}
+
+// Cap reads one period's cap; ErrNotFound when it has none.
+func (l *Ledger) Cap(ctx context.Context, period string) (Cap, error) {
+	var c Cap
+	err := l.pool.QueryRow(ctx, `SELECT billing_period, cap_cents, reserved_cents, updated_at
+		FROM spend_caps WHERE billing_period = $1`, period).Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Cap{}, fmt.Errorf("cap for %s: %w", period, ErrNotFound)
+	}
+	if err != nil {
+		return Cap{}, fmt.Errorf("reading cap for %s: %w", period, err)
+	}
+	return c, nil
+}
+
+// Caps lists every cap, newest period first.
+func (l *Ledger) Caps(ctx context.Context) ([]Cap, error) {
+	rows, err := l.pool.Query(ctx, `SELECT billing_period, cap_cents, reserved_cents, updated_at
+		FROM spend_caps ORDER BY billing_period DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("listing caps: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Cap, error) {
+		var c Cap
+		err := r.Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
+		return c, err
+	})
+}

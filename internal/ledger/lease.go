@@ -1,0 +1,289 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pelguard/pelguard/internal/event"
+)
+
+// Decision is what Reserve found.
+type Decision int
+
+const (
+	// Acquired: a new pending row was inserted; the caller holds its lease
+	// (epoch 1) and may call Stripe.
+	Acquired Decision = iota + 1
+	// TakenOver: the row was pending with an expired or released lease; the
+	// caller now holds it with a new epoch and may call Stripe, with the same
+	// idempotency key (and, past the safe window, after a Stripe lookup).
+	TakenOver
+	// AlreadyTerminal: the row is charged, declined or failed: ack, no call.
+	AlreadyTerminal
+	// Busy: someone else holds a live lease: leave the entry alone.
+	Busy
+	// Conflict: a row for the same customer and period records a different
+	// Stripe customer, amount or currency. The event is not a redelivery of
+	// what was billed, and charging it would break "one charge per customer
+	// per period": it goes to the dead-letter stream for a human.
+	Conflict
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Acquired:
+		return "acquired"
+	case TakenOver:
+		return "taken_over"
+	case AlreadyTerminal:
+		return "already_terminal"
+	case Busy:
+		return "busy"
+	case Conflict:
+		return "conflict"
+	}
+	return fmt.Sprintf("decision(%d)", int(d))
+}
+
+// MayCharge reports whether the caller now holds the lease.
+func (d Decision) MayCharge() bool { return d == Acquired || d == TakenOver }
+
+// Claim is Reserve's answer: the decision and the row as it now stands.
+type Claim struct {
+	Decision Decision
+	Record   Record
+}
+
+// ReserveRequest asks for the lease on an event's row.
+type ReserveRequest struct {
+	Event          event.Event
+	IdempotencyKey string
+	Owner          string        // consumer name; recorded for operators
+	Lease          time.Duration // how long the lease lasts without a heartbeat
+	MessageID      string        // stream entry id, for operators only
+	RequireCap     bool          // refuse periods without a spend cap
+}
+
+// Reserve is step 2 of DESIGN.md "Consumer, per event", in one transaction:
+// insert the pending row with a lease and reserve the spend cap, or lock the
+// existing row and decide. It returns a *CapError or ErrNoCap (and writes
+// nothing) when the spend cap forbids the charge.
+func (l *Ledger) Reserve(ctx context.Context, req ReserveRequest) (Claim, error) {
+	if req.Owner == "" || req.Lease <= 0 || req.IdempotencyKey == "" {
+		return Claim{}, errors.New("ledger: Reserve needs an owner, a positive lease and an idempotency key")
+	}
+	ev := req.Event
+	now := l.clock.Now()
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return Claim{}, fmt.Errorf("reserving %s/%s: %w", ev.CustomerID, ev.BillingPeriod, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	claim, err := l.reserveTx(ctx, tx, req, now)
+	if err != nil {
+		return Claim{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Claim{}, fmt.Errorf("committing reservation of %s/%s: %w", ev.CustomerID, ev.BillingPeriod, err)
+	}
+	return claim, nil
+}
+
+func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, now time.Time) (Claim, error) {
+	ev := req.Event
+	k := EventKey(ev)
+	rec, err := scanRecord(tx.QueryRow(ctx, `
+		INSERT INTO billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
+			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
+			first_attempt_at, stream_message_id, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, 1, 1, $9, $10, $9, $9)
+		ON CONFLICT DO NOTHING
+		RETURNING `+recordCols,
+		ev.CustomerID, ev.BillingPeriod, ev.StripeCustomerID, ev.AmountCents, ev.Currency,
+		req.IdempotencyKey, req.Owner, now.Add(req.Lease), now, req.MessageID))
+	switch {
+	case err == nil:
+		reserved, err := reserveCap(ctx, tx, ev.BillingPeriod, ev.AmountCents, req.RequireCap)
+		if err != nil {
+			return Claim{}, err
+		}
+		if reserved > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE billing_records SET cap_reserved_cents = $3
+				WHERE customer_id = $1 AND billing_period = $2`, k.CustomerID, k.BillingPeriod, reserved); err != nil {
+				return Claim{}, fmt.Errorf("recording cap reservation for %s: %w", k, err)
+			}
+			rec.CapReservedCents = reserved
+		}
+		return Claim{Decision: Acquired, Record: rec}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Claim{}, fmt.Errorf("inserting billing record %s: %w", k, err)
+	}
+
+	// The row exists (every unique index is an arbiter above, so two
+	// concurrent first deliveries cannot fail on the idempotency key's index
+	// instead of the primary key): lock it and decide.
+	rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM billing_records
+		WHERE customer_id = $1 AND billing_period = $2 FOR UPDATE`, k.CustomerID, k.BillingPeriod))
+	if err != nil {
+		return Claim{}, fmt.Errorf("locking billing record %s: %w", k, err)
+	}
+	switch {
+	case rec.Status.Terminal():
+		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
+	case rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents ||
+		rec.Currency != ev.Currency || rec.IdempotencyKey != req.IdempotencyKey:
+		return Claim{Decision: Conflict, Record: rec}, nil
+	case rec.LeaseLive(now) && rec.LeaseOwner != req.Owner:
+		return Claim{Decision: Busy, Record: rec}, nil
+	}
+	// Expired, released, or our own name after a restart: take it over. The
+	// new epoch fences out whoever held it before.
+	rec, err = scanRecord(tx.QueryRow(ctx, `
+		UPDATE billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
+			lease_expires_at = $4, stream_message_id = $5, updated_at = $6
+		WHERE customer_id = $1 AND billing_period = $2
+		RETURNING `+recordCols,
+		k.CustomerID, k.BillingPeriod, req.Owner, now.Add(req.Lease), req.MessageID, now))
+	if err != nil {
+		return Claim{}, fmt.Errorf("taking over billing record %s: %w", k, err)
+	}
+	return Claim{Decision: TakenOver, Record: rec}, nil
+}
+
+// reserveCap adds amount to the period's reservation if the cap allows it.
+// It returns the amount reserved: 0 when the period has no cap (and caps are
+// not required).
+func reserveCap(ctx context.Context, tx pgx.Tx, period string, amount int64, require bool) (int64, error) {
+	tag, err := tx.Exec(ctx, `UPDATE spend_caps SET reserved_cents = reserved_cents + $2, updated_at = now()
+		WHERE billing_period = $1 AND reserved_cents + $2 <= cap_cents`, period, amount)
+	if err != nil {
+		return 0, fmt.Errorf("reserving spend cap for %s: %w", period, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return amount, nil
+	}
+	var capCents, reserved int64
+	err = tx.QueryRow(ctx, `SELECT cap_cents, reserved_cents FROM spend_caps WHERE billing_period = $1`,
+		period).Scan(&capCents, &reserved)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if require {
+			return 0, fmt.Errorf("%s: %w", period, ErrNoCap)
+		}
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("reading spend cap for %s: %w", period, err)
+	}
+	return 0, &CapError{Period: period, CapCents: capCents, ReservedCents: reserved, RequestedCents: amount}
+}
+
+// Extend renews the lease (the heartbeat). ErrLeaseLost means another
+// holder took over or the row is no longer pending: stop working on it.
+func (l *Ledger) Extend(ctx context.Context, rec Record, lease time.Duration) error {
+	now := l.clock.Now()
+	tag, err := l.pool.Exec(ctx, `UPDATE billing_records SET lease_expires_at = $5, updated_at = $6
+		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND lease_owner = $4
+		AND status = 'pending'`,
+		rec.CustomerID, rec.BillingPeriod, rec.Epoch, rec.LeaseOwner, now.Add(lease), now)
+	if err != nil {
+		return fmt.Errorf("extending lease on %s: %w", rec.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("extending lease on %s (epoch %d): %w", rec.Key, rec.Epoch, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Outcome is how a Stripe attempt ended.
+type Outcome struct {
+	Status   Status // charged, declined or failed
+	ChargeID string // required for charged
+	Error    string // decline or failure reason, for operators
+}
+
+// Finish records a terminal outcome, fenced by the caller's epoch, and
+// releases the spend-cap reservation of a declined or failed row. Only
+// after it returns nil may the stream entry be acked (invariant 3).
+func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, error) {
+	now := l.clock.Now()
+	switch out.Status {
+	case StatusCharged:
+		if out.ChargeID == "" {
+			return Record{}, errors.New("ledger: a charged outcome needs a charge id")
+		}
+		r, err := scanRecord(l.pool.QueryRow(ctx, `
+			UPDATE billing_records SET status = 'charged', charge_id = $4, charged_at = $5,
+				lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
+			WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
+			RETURNING `+recordCols,
+			rec.CustomerID, rec.BillingPeriod, rec.Epoch, out.ChargeID, now))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Record{}, fmt.Errorf("recording charge %s on %s (epoch %d): %w", out.ChargeID, rec.Key, rec.Epoch, ErrLeaseLost)
+		}
+		if err != nil {
+			return Record{}, fmt.Errorf("recording charge %s on %s: %w", out.ChargeID, rec.Key, err)
+		}
+		return r, nil
+	case StatusDeclined, StatusFailed:
+		return l.finishUncharged(ctx, rec, out, now)
+	}
+	return Record{}, fmt.Errorf("ledger: %q is not a terminal status", out.Status)
+}
+
+func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, now time.Time) (Record, error) {
+	var r Record
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		// The reservation belongs to the row, not to this holder: read what
+		// the row has reserved under its lock, then release exactly that.
+		var reserved int64
+		err := tx.QueryRow(ctx, `SELECT cap_reserved_cents FROM billing_records
+			WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
+			FOR UPDATE`, rec.CustomerID, rec.BillingPeriod, rec.Epoch).Scan(&reserved)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("recording %s on %s (epoch %d): %w", out.Status, rec.Key, rec.Epoch, ErrLeaseLost)
+		}
+		if err != nil {
+			return fmt.Errorf("locking %s: %w", rec.Key, err)
+		}
+		r, err = scanRecord(tx.QueryRow(ctx, `
+			UPDATE billing_records SET status = $3, last_error = $4, cap_reserved_cents = 0,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5
+			WHERE customer_id = $1 AND billing_period = $2
+			RETURNING `+recordCols,
+			rec.CustomerID, rec.BillingPeriod, string(out.Status), out.Error, now))
+		if err != nil {
+			return fmt.Errorf("recording %s on %s: %w", out.Status, rec.Key, err)
+		}
+		if reserved > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE spend_caps SET reserved_cents = greatest(0, reserved_cents - $2),
+				updated_at = $3 WHERE billing_period = $1`, rec.BillingPeriod, reserved, now); err != nil {
+				return fmt.Errorf("releasing spend cap for %s: %w", rec.BillingPeriod, err)
+			}
+		}
+		return nil
+	})
+	return r, err
+}
+
+// Release gives the lease up after a transient failure (timeout, 5xx, 429):
+// the row stays pending and the next delivery takes it over with the same
+// idempotency key.
+func (l *Ledger) Release(ctx context.Context, rec Record, reason string) error {
+	now := l.clock.Now()
+	tag, err := l.pool.Exec(ctx, `UPDATE billing_records SET lease_owner = NULL, lease_expires_at = NULL,
+			last_error = $4, updated_at = $5
+		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'`,
+		rec.CustomerID, rec.BillingPeriod, rec.Epoch, reason, now)
+	if err != nil {
+		return fmt.Errorf("releasing lease on %s: %w", rec.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("releasing lease on %s (epoch %d): %w", rec.Key, rec.Epoch, ErrLeaseLost)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+// Package ledger is the only code that reads or writes billing_records and
+// spend_caps. Postgres is pelguard's source of truth: Redis may lose or
+// repeat deliveries (XAUTOCLAIM, partial batches, AOF rollback), and every
+// such delivery comes through Reserve, which decides from the ledger whether
+// a Stripe call may be made.
+//
+// Every write after Reserve is fenced by the row's epoch: a consumer that
+// lost its lease can never overwrite the holder that took over.
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/internal/event"
+)
+
+// Status is a billing record's state.
+type Status string
+
+// The states of DESIGN.md's state machine.
+const (
+	StatusPending  Status = "pending"
+	StatusCharged  Status = "charged"
+	StatusDeclined Status = "declined"
+	StatusFailed   Status = "failed"
+)
+
+// Terminal reports whether no further Stripe call may be made for the row.
+func (s Status) Terminal() bool { return s == StatusCharged || s == StatusDeclined || s == StatusFailed }
+
+// Key identifies a billing record: one charge per customer per period.
+type Key struct {
+	CustomerID    string
+	BillingPeriod string
+}
+
+func (k Key) String() string { return k.CustomerID + "/" + k.BillingPeriod }
+
+// Record is one row of billing_records.
+type Record struct {
+	Key
+	StripeCustomerID string
+	AmountCents      int64
+	Currency         string
+	IdempotencyKey   string
+	Status           Status
+	ChargeID         string
+	LeaseOwner       string
+	LeaseExpiresAt   time.Time // zero when no lease is held
+	Epoch            int64
+	Attempts         int
+	FirstAttemptAt   time.Time
+	LastError        string
+	StreamMessageID  string
+	CapReservedCents int64
+	ChargedAt        time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+// LeaseLive reports whether someone holds an unexpired lease at now.
+func (r Record) LeaseLive(now time.Time) bool {
+	return r.Status == StatusPending && r.LeaseOwner != "" && r.LeaseExpiresAt.After(now)
+}
+
+// Errors callers branch on.
+var (
+	// ErrLeaseLost: the row's epoch or status moved on; the caller must not
+	// write, and should re-read the row to learn what happened.
+	ErrLeaseLost = errors.New("ledger lease lost")
+	// ErrNoCap: RequireCap is set and the period has no spend cap.
+	ErrNoCap = errors.New("no spend cap for the billing period")
+	// ErrSpendCap matches every *CapError.
+	ErrSpendCap = errors.New("spend cap exceeded")
+	// ErrNotFound: no such row.
+	ErrNotFound = errors.New("no billing record")
+)
+
+// CapError says a reservation would pass the period's spend cap.
+type CapError struct {
+	Period         string
+	CapCents       int64
+	ReservedCents  int64
+	RequestedCents int64
+}
+
+func (e *CapError) Error() string {
+	return fmt.Sprintf("spend cap for %s exceeded: cap %d, reserved %d, requested %d cents",
+		e.Period, e.CapCents, e.ReservedCents, e.RequestedCents)
+}
+
+// Is makes errors.Is(err, ErrSpendCap) true.
+func (e *CapError) Is(target error) bool { return target == ErrSpendCap }
+
+// Ledger reads and writes billing records.
+type Ledger struct {
+	pool  *pgxpool.Pool
+	clock clock.Clock
+}
+
+// New returns a Ledger over pool. A nil clock means the wall clock; leases
+// and the safe key window are measured on it.
+func New(pool *pgxpool.Pool, clk clock.Clock) *Ledger {
+	return &Ledger{pool: pool, clock: clock.Or(clk)}
+}
+
+// Now is the ledger's clock.
+func (l *Ledger) Now() time.Time { return l.clock.Now() }
+
+// Pool exposes the pool for health checks.
+func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+const recordCols = `customer_id, billing_period, stripe_customer_id, amount_cents, currency,
+	idempotency_key, status, coalesce(charge_id, ''), coalesce(lease_owner, ''), lease_expires_at,
+	epoch, attempts, first_attempt_at, coalesce(last_error, ''), coalesce(stream_message_id, ''),
+	cap_reserved_cents, charged_at, created_at, updated_at`
+
+func scanRecord(row pgx.Row) (Record, error) {
+	var r Record
+	var status string
+	var leaseExp, chargedAt *time.Time
+	err := row.Scan(&r.CustomerID, &r.BillingPeriod, &r.StripeCustomerID, &r.AmountCents, &r.Currency,
+		&r.IdempotencyKey, &status, &r.ChargeID, &r.LeaseOwner, &leaseExp,
+		&r.Epoch, &r.Attempts, &r.FirstAttemptAt, &r.LastError, &r.StreamMessageID,
+		&r.CapReservedCents, &chargedAt, &r.CreatedAt, &r.UpdatedAt)
+	if err != nil {
+		return Record{}, err
+	}
+	r.Status = Status(status)
+	if leaseExp != nil {
+		r.LeaseExpiresAt = *leaseExp
+	}
+	if chargedAt != nil {
+		r.ChargedAt = *chargedAt
+	}
+	return r, nil
+}
+
+// Get reads one record.
+func (l *Ledger) Get(ctx context.Context, k Key) (Record, error) {
+	r, err := scanRecord(l.pool.QueryRow(ctx,
+		`SELECT `+recordCols+` FROM billing_records WHERE customer_id = $1 AND billing_period = $2`,
+		k.CustomerID, k.BillingPeriod))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, fmt.Errorf("%s: %w", k, ErrNotFound)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("reading billing record %s: %w", k, err)
+	}
+	return r, nil
+}
+
+// Lookup reads many records in one query (the reaper's page). Keys without a
+// row are absent from the map.
+func (l *Ledger) Lookup(ctx context.Context, keys []Key) (map[Key]Record, error) {
+	out := make(map[Key]Record, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cust := make([]string, len(keys))
+	per := make([]string, len(keys))
+	for i, k := range keys {
+		cust[i], per[i] = k.CustomerID, k.BillingPeriod
+	}
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM billing_records
+		WHERE (customer_id, billing_period) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, cust, per)
+	if err != nil {
+		return nil, fmt.Errorf("looking up %d billing records: %w", len(keys), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scanning billing record: %w", err)
+		}
+		out[r.Key] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("looking up %d billing records: %w", len(keys), err)
+	}
+	return out, nil
+}
+
+// EventKey is the ledger key of an event.
+func EventKey(ev event.Event) Key { return Key{CustomerID: ev.CustomerID, BillingPeriod: ev.BillingPeriod} }
