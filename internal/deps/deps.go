@@ -5,6 +5,7 @@ package deps
 import (
 	_ "github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/pressly/goose/v3"
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "github.com/prometheus/client_golang/prometheus/promhttp"
@@ -15,5 +16,4 @@ import (
 	_ "github.com/stripe/stripe-go/v76/client"
 	_ "go.uber.org/goleak"
 	_ "golang.org/x/time/rate"
-	_ "github.com/jackc/pgx/v5/stdlib"
 )

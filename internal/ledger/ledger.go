@@ -33,7 +33,9 @@ const (
 )
 
 // Terminal reports whether no further Stripe call may be made for the row.
-func (s Status) Terminal() bool { return s == StatusCharged || s == StatusDeclined || s == StatusFailed }
+func (s Status) Terminal() bool {
+	return s == StatusCharged || s == StatusDeclined || s == StatusFailed
+}
 
 // Key identifies a billing record: one charge per customer per period.
 type Key struct {
@@ -189,4 +191,6 @@ func (l *Ledger) Lookup(ctx context.Context, keys []Key) (map[Key]Record, error)
 }
 
 // EventKey is the ledger key of an event.
-func EventKey(ev event.Event) Key { return Key{CustomerID: ev.CustomerID, BillingPeriod: ev.BillingPeriod} }
+func EventKey(ev event.Event) Key {
+	return Key{CustomerID: ev.CustomerID, BillingPeriod: ev.BillingPeriod}
+}
