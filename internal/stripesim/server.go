@@ -356,6 +356,10 @@ func (s *Server) count(kind string) {
 func (s *Server) authenticate(c *apiCall) (response, bool) {
 	auth := c.r.Header.Get("Authorization")
 	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		// Stripe also takes the key as the Basic-auth user (curl -u sk_...:).
+		key, _, ok = c.r.BasicAuth()
+	}
 	key = strings.TrimSpace(key)
 	if !ok || key == "" {
 		return errorResp(http.StatusUnauthorized, stripeError{

@@ -1,0 +1,80 @@
+// Command stripesim runs the pelguard Stripe emulator as a standalone
+// server for the drill and for manual poking with stripe-go or curl.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/pelguard/pelguard/internal/stripesim"
+)
+
+// rkFlags collects repeated --rk KEY=perm,perm flags.
+type rkFlags map[string][]string
+
+func (r rkFlags) String() string { return fmt.Sprint(map[string][]string(r)) }
+
+func (r rkFlags) Set(v string) error {
+	key, perms, ok := strings.Cut(v, "=")
+	if !ok || !strings.HasPrefix(key, "rk_") {
+		return fmt.Errorf("want rk_...=perm,perm, got %q", v)
+	}
+	r[key] = strings.Split(perms, ",")
+	return nil
+}
+
+func main() {
+	rks := rkFlags{}
+	addr := flag.String("addr", "127.0.0.1:12111", "listen address")
+	latency := flag.Duration("latency", 0, "fixed latency added to every /v1 request")
+	errorRate := flag.Float64("error-rate", 0, "fraction of /v1 requests answered 500 before executing")
+	rateLimit := flag.Float64("rate-limit", 0, "requests per second before 429 rate_limit (0 = unlimited)")
+	seed := flag.Int64("seed", 1, "seed for fault decisions")
+	flag.Var(rks, "rk", "restricted key and its permissions, e.g. rk_test_auditor=charges_read,payment_intents_read (repeatable)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: stripesim [flags]
+
+Runs an in-memory Stripe emulator. Point stripe-go at it with
+stripe.BackendConfig{URL: stripe.String("http://<addr>")} and any sk_test_ key.
+Faults can be changed at run time: POST /_sim/faults (JSON, see
+stripesim.FaultsJSON); inspect with GET /_sim/charges, /_sim/duplicates,
+/_sim/requests; move the clock with POST /_sim/advance {"duration":"24h"}.
+
+Flags:
+`)
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	srv, err := stripesim.New(stripesim.Config{
+		Addr:   *addr,
+		Seed:   *seed,
+		Logger: log,
+		Faults: stripesim.Faults{
+			Latency:   stripesim.Latency{Fixed: *latency},
+			ErrorRate: *errorRate,
+			RateLimit: *rateLimit,
+		},
+	})
+	if err != nil {
+		log.Error("starting", slog.Any("err", err))
+		os.Exit(1)
+	}
+	for key, perms := range rks {
+		srv.SetKeyPermissions(key, perms...)
+	}
+	fmt.Println(srv.URL())
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	log.Info("stopping", slog.Int64("charge_creates", srv.ChargeCreates()))
+	srv.Close()
+}
