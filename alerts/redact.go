@@ -35,9 +35,15 @@ var redactions = []redaction{
 	{regexp.MustCompile(`(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)(\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s&,;"']+)`), "${1}${2}[REDACTED]"},
 }
 
-// panCandidate finds digit runs that could be a card number: 13 to 19 digits,
-// optionally grouped by single spaces or dashes as people type them.
-var panCandidate = regexp.MustCompile(`\b\d(?:[ \-]?\d){12,18}\b`)
+// panCandidates find digit runs that could be a card number: 15 to 19
+// digits in one run, or 13 to 19 grouped the way people type them
+// (4242 4242 4242 4242, 3782-822463-10005). Shorter plain runs are left
+// alone: 13-digit millisecond timestamps and stream IDs are everywhere in
+// pelguard's alerts.
+var panCandidates = []*regexp.Regexp{
+	regexp.MustCompile(`\b\d{15,19}\b`),
+	regexp.MustCompile(`\b\d{4}[ \-]\d{4,6}[ \-]\d{4,5}(?:[ \-]\d{1,4})?\b`),
+}
 
 // Redact removes secrets from s: Stripe keys (sk_/rk_/pk_ live and test,
 // webhook secrets, client secrets), Slack tokens (xoxb-, xoxp-, xoxa-, xoxs-,
@@ -59,18 +65,40 @@ func Redact(s string) string {
 	for _, r := range redactions {
 		s = r.re.ReplaceAllString(s, r.repl)
 	}
-	return panCandidate.ReplaceAllStringFunc(s, func(m string) string {
+	for _, re := range panCandidates {
+		s = redactCards(s, re)
+	}
+	return s
+}
+
+// redactCards replaces the matches of re that pass the Luhn check, except a
+// match followed by "-<digit>": that is a Redis stream ID, not a card.
+func redactCards(s string, re *regexp.Regexp) string {
+	var b strings.Builder
+	last := 0
+	for _, m := range re.FindAllStringIndex(s, -1) {
+		start, end := m[0], m[1]
+		if end+1 < len(s) && s[end] == '-' && s[end+1] >= '0' && s[end+1] <= '9' {
+			continue
+		}
 		digits := strings.Map(func(r rune) rune {
 			if r >= '0' && r <= '9' {
 				return r
 			}
 			return -1
-		}, m)
+		}, s[start:end])
 		if !luhn(digits) {
-			return m
+			continue
 		}
-		return "[REDACTED_CARD]"
-	})
+		b.WriteString(s[last:start])
+		b.WriteString("[REDACTED_CARD]")
+		last = end
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
 
 // luhn reports whether digits passes the Luhn checksum that every card
