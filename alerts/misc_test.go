@@ -209,7 +209,7 @@ func TestConstructors(t *testing.T) {
 		if a.Kind == "" || a.Title == "" || a.Text == "" {
 			t.Errorf("%+v lacks kind, title or text", a)
 		}
-		m := render(a)
+		m := render(a, false)
 		if m.Text == "" || len(m.Blocks) < 2 {
 			t.Errorf("%s renders to %d blocks, text %q", a.Kind, len(m.Blocks), m.Text)
 		}

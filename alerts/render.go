@@ -27,18 +27,28 @@ type message struct {
 	Blocks []slack.Block
 }
 
+// maxFields bounds the label/value pairs shown, so that fields can never
+// take the blocks the items and the command need.
+const maxFields = 5 * maxFieldsPerSec
+
 // render turns a into a message within Slack's limits. Every string passes
 // through Redact here, after the constructors, so no path to Slack skips it.
-func render(a Alert) message {
+// threaded says whether the items will also be posted in the thread.
+func render(a Alert, threaded bool) message {
 	var blocks []slack.Block
 	title := cutRunes(Redact(cmpOr(a.Title, string(a.Kind))), maxHeaderText)
 	blocks = append(blocks, slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, title, false, false)))
 	if a.Text != "" {
 		blocks = append(blocks, section(cutText(Redact(a.Text), maxSectionText)))
 	}
-	for i := 0; i < len(a.Fields); i += maxFieldsPerSec {
+	shownFields := a.Fields
+	if len(shownFields) > maxFields {
+		shownFields = append(shownFields[:maxFields-1:maxFields-1],
+			Field{Label: "…", Value: fmt.Sprintf("and %d more", len(a.Fields)-(maxFields-1))})
+	}
+	for i := 0; i < len(shownFields); i += maxFieldsPerSec {
 		var fields []*slack.TextBlockObject
-		for _, f := range a.Fields[i:min(i+maxFieldsPerSec, len(a.Fields))] {
+		for _, f := range shownFields[i:min(i+maxFieldsPerSec, len(shownFields))] {
 			t := fmt.Sprintf("*%s*\n%s", Escape(f.Label), Escape(f.Value))
 			fields = append(fields, slack.NewTextBlockObject(slack.MarkdownType, cutText(Redact(t), maxFieldText), false, false))
 		}
@@ -57,7 +67,7 @@ func render(a Alert) message {
 
 	if len(a.Items) > 0 {
 		budget := maxBlocks - len(blocks) - len(tail) - 1 // one for "… and N more"
-		blocks = append(blocks, itemBlocks(a, budget)...)
+		blocks = append(blocks, itemBlocks(a, budget, threaded)...)
 	}
 	blocks = append(blocks, tail...)
 	return message{Text: fallback(a), Blocks: blocks}
@@ -66,8 +76,11 @@ func render(a Alert) message {
 // itemBlocks packs the items shown inline into as few sections as Slack's
 // 3,000-character limit allows, within budget blocks, and says how many
 // were left out.
-func itemBlocks(a Alert, budget int) []slack.Block {
+func itemBlocks(a Alert, budget int, threaded bool) []slack.Block {
 	show := len(a.Items)
+	if budget <= 0 {
+		show = 0
+	}
 	if a.InlineItems > 0 && a.InlineItems < show {
 		show = a.InlineItems
 	}
@@ -92,13 +105,13 @@ func itemBlocks(a Alert, budget int) []slack.Block {
 		cur.WriteString(line)
 		shown++
 	}
-	if cur.Len() > 0 && budget > 0 {
+	if shown > 0 {
 		blocks = append(blocks, section(cur.String()))
 	}
 	if rest := len(a.Items) - shown; rest > 0 {
 		more := fmt.Sprintf("… and %d more", rest)
-		if a.ThreadItems {
-			more += " (in the thread when the bot token is configured)"
+		if threaded {
+			more += " (in the thread)"
 		}
 		blocks = append(blocks, section(more))
 	}

@@ -139,8 +139,9 @@ func (n *Slack) drop(a Alert, reason string, now time.Time) {
 }
 
 // Close stops accepting alerts and waits for the queue to drain. When ctx
-// ends first, the message in flight is abandoned, what is still queued is
-// counted as dropped (reason shutdown), and ctx's error is returned.
+// ends first, the message in flight is abandoned (counted as failed), what
+// is still queued is counted as dropped (reason shutdown), and ctx's error
+// is returned.
 // Calling Close again waits again; it is safe.
 func (n *Slack) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
@@ -185,7 +186,8 @@ func (n *Slack) run() {
 
 // deliver sends a, then its items as thread replies when asked and possible.
 func (n *Slack) deliver(ctx context.Context, a Alert) {
-	ts, err := n.sendWithRetry(ctx, render(a), "")
+	threaded := a.ThreadItems && n.send.canThread()
+	ts, err := n.sendWithRetry(ctx, render(a, threaded), "")
 	if err != nil {
 		if a.Fingerprint != "" {
 			n.dedupe.forget(a.Fingerprint)
@@ -196,7 +198,7 @@ func (n *Slack) deliver(ctx context.Context, a Alert) {
 		return
 	}
 	n.m.incSent(a.Kind)
-	if !a.ThreadItems || !n.send.canThread() || ts == "" || len(a.Items) == 0 {
+	if !threaded || ts == "" || len(a.Items) == 0 {
 		return
 	}
 	replies := a.Items[:min(len(a.Items), n.cfg.MaxThreadReplies)]

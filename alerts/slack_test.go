@@ -331,7 +331,7 @@ func TestRenderWithinSlackLimits(t *testing.T) {
 	}
 	a.Items = append(a.Items, Item{Text: strings.Repeat("y", 10_000)})
 	a.Command = "auditor refund " + strings.Repeat("--x ", 2000)
-	m := render(a)
+	m := render(a, false)
 	raw, err := json.Marshal(m.Blocks)
 	if err != nil {
 		t.Fatal(err)
@@ -459,5 +459,74 @@ func TestNoSecretReachesSlackOrLogs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestManyFieldsStayWithinLimits(t *testing.T) {
+	t.Parallel()
+	a := Alert{Kind: "test", Title: "t", Command: "auditor refund --run 1"}
+	for i := range 600 {
+		a.Fields = append(a.Fields, Field{Label: fmt.Sprintf("reason_%d", i), Value: "1"})
+		a.Items = append(a.Items, Item{Text: strings.Repeat("z", 2500)})
+	}
+	raw, err := json.Marshal(render(a, false).Blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := blocksOf(t, slacktest.Message{Blocks: raw})
+	checkLimits(t, blocks)
+	all := strings.Join(sectionTexts(blocks), "\n")
+	for _, want := range []string{"and 551 more", "auditor refund --run 1", "… and "} {
+		if !strings.Contains(all, want) {
+			t.Errorf("blocks lack %q", want)
+		}
+	}
+}
+
+func TestNotifyRacingClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "webhook")
+	n := b.start(t)
+	const goroutines, each = 8, 200
+	done := make(chan struct{})
+	for g := range goroutines {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range each {
+				n.Notify(ChargeFailed(fmt.Sprintf("c_%d_%d", g, i), "2026-11", "x"))
+			}
+		}()
+	}
+	closeErr := n.Close(waitCtx(t))
+	for range goroutines {
+		<-done
+	}
+	if closeErr != nil {
+		t.Fatalf("Close: %v", closeErr)
+	}
+	// Every alert is accounted for exactly once.
+	got := n.Stats()
+	if total := got.Sent + got.Failed + got.Dropped; total != goroutines*each {
+		t.Errorf("stats = %+v: %d accounted for, want %d", got, total, goroutines*each)
+	}
+	if int(got.Sent) != len(b.rec.Messages()) {
+		t.Errorf("sent = %d, recorder has %d", got.Sent, len(b.rec.Messages()))
+	}
+}
+
+func TestRateLimitedWithoutRetryAfterBacksOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "webhook")
+	b.rec.Fail(2, http.StatusTooManyRequests, "")
+	n := b.start(t)
+	n.Notify(ChargeFailed("c_1", "2026-11", "x"))
+	if _, err := b.rec.WaitMessages(waitCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Stats(); got.Sent != 1 || got.Retries != 2 {
+		t.Errorf("stats = %+v, want sent after 2 retries", got)
 	}
 }
