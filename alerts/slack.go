@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -342,12 +343,25 @@ type webhookSender struct {
 func (w *webhookSender) post(ctx context.Context, m message, threadTS string) (string, error) {
 	msg := &slack.WebhookMessage{Text: m.Text, Blocks: &slack.Blocks{BlockSet: m.Blocks}, ThreadTimestamp: threadTS}
 	if err := slack.PostWebhookCustomHTTPContext(ctx, w.url, w.client, msg); err != nil {
-		// slack-go puts the URL (a credential) in network errors; callers
-		// redact before logging, and the error never leaves the package.
-		return "", fmt.Errorf("posting to the incoming webhook: %w", err)
+		// net/http puts the URL, a credential, in network errors. Redact
+		// catches hooks.slack.com; this catches any other host (a proxy, a
+		// test server) while errors.As still sees the slack-go error.
+		return "", &scrubbedError{
+			msg: "posting to the incoming webhook: " + strings.ReplaceAll(err.Error(), w.url, "[webhook URL]"),
+			err: err,
+		}
 	}
 	return "", nil
 }
+
+// scrubbedError is err with a message that no longer shows a credential.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 func (w *webhookSender) canThread() bool { return false }
 func (w *webhookSender) channel() string { return "webhook" }

@@ -530,3 +530,24 @@ func TestRateLimitedWithoutRetryAfterBacksOff(t *testing.T) {
 		t.Errorf("stats = %+v, want sent after 2 retries", got)
 	}
 }
+
+func TestWebhookURLNeverLogged(t *testing.T) {
+	t.Parallel()
+	gone := slacktest.NewRecorder()
+	url := gone.WebhookURL()
+	gone.Close() // connection refused from now on: net/http's error names the URL
+	b := setup(t, "webhook")
+	b.cfg.WebhookURL = url
+	n := b.start(t)
+	n.Notify(ChargeFailed("c_1", "2026-11", "x"))
+	if err := n.Close(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Stats(); got.Failed != 1 || got.Retries != int64(b.cfg.MaxAttempts-1) {
+		t.Errorf("stats = %+v, want a network error retried then given up", got)
+	}
+	logs := b.logs.String()
+	if strings.Contains(logs, "/services/") || !strings.Contains(logs, "[webhook URL]") {
+		t.Errorf("logs show the webhook URL or no error at all:\n%s", logs)
+	}
+}
