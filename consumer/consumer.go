@@ -1,0 +1,358 @@
+// Package consumer reads billing events from a Redis Stream consumer group
+// and charges each customer exactly once per billing period.
+//
+// Per event (DESIGN.md "Consumer, per event"): validate → ledger reserve
+// (with the spend cap) → Stripe with the content-hash idempotency key →
+// fenced ledger finish → XACK. A heartbeat renews both the PEL entry and the
+// ledger lease from the moment XREADGROUP returns until the ack, closing
+// "reclaim while in flight"; per-event write-before-ack closes "partial
+// batch"; the ledger check before every charge closes "AOF rollback".
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/ledger"
+)
+
+// Defaults.
+const (
+	DefaultCount         = 10
+	DefaultBlock         = 2 * time.Second
+	DefaultWorkers       = 4
+	DefaultLease         = 30 * time.Second
+	DefaultSafeKeyWindow = 23 * time.Hour
+	DefaultNamespace     = "pelguard"
+)
+
+// Config configures a Consumer (and the Processor the reaper borrows).
+type Config struct {
+	Redis  redis.UniversalClient // required
+	Ledger *ledger.Ledger        // required
+	Stripe Stripe                // required
+
+	Stream string // required
+	Group  string // required
+	// Name is the consumer name. Empty: a unique one per process (host, pid,
+	// random suffix), never the bare hostname. A pinned name (a StatefulSet
+	// pod name) makes the consumer drain its own PEL first after a restart.
+	Name string
+	// Namespace keeps environments from sharing idempotency keys.
+	Namespace string
+
+	Count   int64         // XREADGROUP COUNT; acks stay per event whatever it is
+	Block   time.Duration // XREADGROUP BLOCK
+	Workers int           // events handled at once
+	// Lease is how long the ledger lease lasts without a heartbeat; the
+	// heartbeat runs every Lease/3.
+	Lease time.Duration
+	// SafeKeyWindow: a takeover later than this after the first attempt looks
+	// for an existing charge at Stripe before charging (Stripe keeps keys 24 h).
+	SafeKeyWindow time.Duration
+	RequireCap    bool
+	Rules         event.Rules
+	// Description is the Stripe charge description; default the seed's
+	// "Usage billing for <period>".
+	Description func(event.Event) string
+
+	Notifier    alerts.Notifier              // default: log-only
+	DeadLetters *alerts.DeadLetterAggregator // optional: dead-letter alerts per interval
+	Metrics     *Metrics                     // optional
+	Logger      *slog.Logger                 // default: discard
+	Clock       clock.Clock                  // default: wall clock
+
+	// DisableHeartbeat is for tests that prove the other defences hold
+	// without it. Never set it in production.
+	DisableHeartbeat bool
+	// pinned is set when Name was given: drain the PEL first.
+	pinned bool
+}
+
+func (c *Config) setDefaults() {
+	c.pinned = c.Name != ""
+	c.Name = cmp.Or(c.Name, UniqueName())
+	c.Namespace = cmp.Or(c.Namespace, DefaultNamespace)
+	c.Count = cmp.Or(c.Count, DefaultCount)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.SafeKeyWindow = cmp.Or(c.SafeKeyWindow, DefaultSafeKeyWindow)
+	if c.Description == nil {
+		c.Description = func(ev event.Event) string { return "Usage billing for " + ev.BillingPeriod }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Notifier == nil {
+		c.Notifier = alerts.NewLog(c.Logger)
+	}
+	c.Clock = clock.Or(c.Clock)
+}
+
+// Validate reports the first configuration error, naming the fix.
+func (c *Config) Validate() error {
+	switch {
+	case c.Redis == nil:
+		return errors.New("consumer: Redis client is required")
+	case c.Ledger == nil:
+		return errors.New("consumer: ledger is required")
+	case c.Stripe == nil:
+		return errors.New("consumer: Stripe client is required")
+	case c.Stream == "":
+		return errors.New("consumer: --stream is required")
+	case c.Group == "":
+		return errors.New("consumer: --group is required")
+	case c.Count < 1 || c.Count > 1000:
+		return fmt.Errorf("consumer: --count %d must be between 1 and 1000", c.Count)
+	case c.Workers < 1 || c.Workers > 256:
+		return fmt.Errorf("consumer: --workers %d must be between 1 and 256", c.Workers)
+	case c.Lease < 300*time.Millisecond:
+		return fmt.Errorf("consumer: --lease %s is too short (minimum 300ms; it must outlive a heartbeat round trip)", c.Lease)
+	case c.Block < 0:
+		return fmt.Errorf("consumer: --block %s must not be negative", c.Block)
+	case c.SafeKeyWindow <= 0 || c.SafeKeyWindow >= 24*time.Hour:
+		return fmt.Errorf("consumer: --safe-key-window %s must be below Stripe's 24h idempotency window", c.SafeKeyWindow)
+	}
+	return nil
+}
+
+// UniqueName returns host-pid-random: unique per process, so two processes
+// never share a PEL by accident.
+func UniqueName() string {
+	host, _ := os.Hostname()
+	host = cmp.Or(strings.SplitN(host, ".", 2)[0], "host")
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// NewProcessor builds the per-event machinery alone, for the reaper's
+// re-drive. Run its heartbeat with RunHeartbeat for as long as it is used.
+func NewProcessor(cfg Config) (*Processor, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.Ledger, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.DisableHeartbeat)}, nil
+}
+
+// RunHeartbeat renews the processor's holds until ctx is done.
+func (p *Processor) RunHeartbeat(ctx context.Context) { p.hb.run(ctx) }
+
+// Name is the consumer name the processor acts as.
+func (p *Processor) Name() string { return p.cfg.Name }
+
+// Consumer is the billing consumer: a reader, a pool of workers, a heartbeat.
+type Consumer struct {
+	proc *Processor
+	cfg  Config
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	// readCtx stops reading; workCtx stops work in progress (only when
+	// Stop's own deadline passes).
+	cancelRead context.CancelFunc
+	cancelWork context.CancelFunc
+	done       chan struct{}
+	runErr     error
+}
+
+// New validates cfg and builds a Consumer.
+func New(cfg Config) (*Consumer, error) {
+	p, err := NewProcessor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{proc: p, cfg: p.cfg, done: make(chan struct{})}, nil
+}
+
+// Name is the consumer name in use.
+func (c *Consumer) Name() string { return c.cfg.Name }
+
+// EnsureGroup creates the consumer group (and the stream) if missing. New
+// groups start at "0": entries already on the stream are billed.
+func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, stream, group string) error {
+	err := rdb.XGroupCreateMkStream(ctx, stream, group, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("creating group %s on %s: %w", group, stream, err)
+	}
+	return nil
+}
+
+// ErrAlreadyStarted is returned by a second Start.
+var ErrAlreadyStarted = errors.New("consumer: already started")
+
+// Start creates the group if needed and begins consuming in the background.
+func (c *Consumer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return ErrAlreadyStarted
+	}
+	if c.stopped {
+		return errors.New("consumer: stopped")
+	}
+	if err := EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); err != nil {
+		return err
+	}
+	c.started = true
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	readCtx, cancelRead := context.WithCancel(workCtx)
+	c.cancelRead, c.cancelWork = cancelRead, cancelWork
+	go func() {
+		defer close(c.done)
+		c.runErr = c.run(readCtx, workCtx)
+	}()
+	return nil
+}
+
+// Stop stops reading, lets events in flight finish (their Stripe calls and
+// ledger writes complete), and returns when they have. If ctx ends first,
+// work in progress is cancelled (its entries stay pending, safe to redeliver)
+// and ctx's error is returned. Stop is idempotent and safe before Start.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	c.stopped = true
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	c.cancelRead()
+	select {
+	case <-c.done:
+		c.cancelWork()
+		return c.runErr
+	case <-ctx.Done():
+		c.cancelWork()
+		<-c.done
+		return ctx.Err()
+	}
+}
+
+// Done is closed when the consumer has stopped.
+func (c *Consumer) Done() <-chan struct{} { return c.done }
+
+type job struct {
+	stream string
+	msg    redis.XMessage
+	h      *hold
+}
+
+func (c *Consumer) run(readCtx, workCtx context.Context) error {
+	hbCtx, stopHB := context.WithCancel(workCtx)
+	defer stopHB()
+	go c.proc.hb.run(hbCtx)
+
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				c.handle(j)
+			}
+		}()
+	}
+	err := c.readLoop(readCtx, workCtx, jobs)
+	close(jobs)
+	wg.Wait()
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+func (c *Consumer) handle(j job) {
+	defer c.proc.hb.remove(j.h)
+	defer c.cfg.Metrics.held(-1)
+	_, _ = c.proc.process(j.h, j.msg) // outcomes are logged and counted inside
+}
+
+// readLoop reads batches and hands every entry to a worker. With a pinned
+// name it first drains its own PEL ("0"), then reads new entries (">").
+func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) error {
+	cursor := ">"
+	if c.cfg.pinned {
+		cursor = "0"
+	}
+	backoff := 100 * time.Millisecond
+	for readCtx.Err() == nil {
+		res, err := c.cfg.Redis.XReadGroup(readCtx, &redis.XReadGroupArgs{
+			Group: c.cfg.Group, Consumer: c.cfg.Name, Streams: []string{c.cfg.Stream, cursor},
+			Count: c.cfg.Count, Block: c.cfg.Block,
+		}).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case readCtx.Err() != nil:
+			return readCtx.Err()
+		case err != nil:
+			if strings.HasPrefix(err.Error(), "NOGROUP") {
+				// The group vanished (Redis restarted empty, or a rollback
+				// lost it): recreate it rather than spin.
+				if gerr := EnsureGroup(readCtx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); gerr != nil {
+					c.cfg.Logger.WarnContext(readCtx, "recreating group failed", slog.Any("error", gerr))
+				}
+			}
+			c.cfg.Logger.WarnContext(readCtx, "XREADGROUP failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			select {
+			case <-readCtx.Done():
+				return readCtx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		var msgs []redis.XMessage
+		for _, s := range res {
+			msgs = append(msgs, s.Messages...)
+		}
+		if cursor == "0" && len(msgs) == 0 {
+			cursor = ">" // own PEL drained
+			continue
+		}
+		// Every entry of the batch is in our PEL from this moment: hold them
+		// all (the heartbeat covers entries still waiting for a worker).
+		holds := make([]*hold, len(msgs))
+		for i, m := range msgs {
+			holds[i] = c.proc.hb.add(workCtx, c.cfg.Stream, m.ID)
+			c.cfg.Metrics.held(1)
+		}
+		for i, m := range msgs {
+			select {
+			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i]}:
+			case <-readCtx.Done():
+				// Shutting down before these started: release them, they stay
+				// pending (never acked) for the next delivery.
+				for _, h := range holds[i:] {
+					c.proc.hb.remove(h)
+					c.cfg.Metrics.held(-1)
+				}
+				return readCtx.Err()
+			}
+		}
+		if cursor == "0" {
+			cursor = msgs[len(msgs)-1].ID // continue after the last own entry
+		}
+	}
+	return readCtx.Err()
+}

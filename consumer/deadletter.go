@@ -1,0 +1,69 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DeadLetterStream is where entries that must not be charged go, with the
+// reason: <stream>:dead.
+func DeadLetterStream(stream string) string { return stream + ":dead" }
+
+// DeadLetter copies an entry to the dead-letter stream with the original
+// fields plus reason, detail, source_id, group and consumer, then acks it.
+// Nothing is lost: if the XADD fails the entry stays pending. If the process
+// dies between XADD and XACK, the redelivery writes a second dead letter with
+// the same source_id (harmless, and visible).
+func DeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, msg redis.XMessage, reason, detail string, now time.Time) error {
+	ctx = context.WithoutCancel(ctx)
+	values := make(map[string]any, len(msg.Values)+6)
+	for k, v := range msg.Values {
+		values[k] = v
+	}
+	values["reason"] = reason
+	values["detail"] = truncate(detail, 1000)
+	values["source_id"] = msg.ID
+	values["source_stream"] = stream
+	values["group"] = group
+	values["consumer"] = consumer
+	values["dead_at"] = now.UTC().Format(time.RFC3339Nano)
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: DeadLetterStream(stream), Values: values}).Err(); err != nil {
+		return fmt.Errorf("writing dead letter for %s: %w", msg.ID, err)
+	}
+	if err := rdb.XAck(ctx, stream, group, msg.ID).Err(); err != nil {
+		return fmt.Errorf("XACK %s after dead-lettering: %w", msg.ID, err)
+	}
+	return nil
+}
+
+func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
+	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {
+		return OutcomeRetryLater, err
+	}
+	p.cfg.Metrics.deadLetter(reason)
+	if p.cfg.DeadLetters != nil {
+		p.cfg.DeadLetters.Add(stream, reason, msg.ID, customerOf(msg))
+	}
+	return out, nil
+}
+
+// customerOf extracts customer_id for alert examples without trusting the body.
+func customerOf(msg redis.XMessage) string {
+	if s, ok := msg.Values["payload"].(string); ok {
+		const k = `"customer_id":"`
+		for i := 0; i+len(k) < len(s); i++ {
+			if s[i:i+len(k)] == k {
+				j := i + len(k)
+				end := j
+				for end < len(s) && s[end] != '"' && end-j < 64 {
+					end++
+				}
+				return s[j:end]
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,207 @@
+package consumer
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+)
+
+//go:embed heartbeat.lua
+var heartbeatLua string
+
+var heartbeatScript = redis.NewScript(heartbeatLua)
+
+// renew runs heartbeat.lua for ids and returns the set still owned.
+func renew(ctx context.Context, rdb redis.Scripter, stream, group, name string, ids []string) (map[string]bool, error) {
+	args := make([]any, 0, len(ids)+2)
+	args = append(args, group, name)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	res, err := heartbeatScript.Run(ctx, rdb, []string{stream}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("renewing %d entries on %s: %w", len(ids), stream, err)
+	}
+	owned := make(map[string]bool, len(res))
+	for _, id := range res {
+		owned[id] = true
+	}
+	return owned, nil
+}
+
+// hold is one stream entry this process is responsible for, from the moment
+// XREADGROUP (or the reaper's XCLAIM) returned it until it is acked or left.
+type hold struct {
+	stream, id string
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+
+	mu    sync.Mutex
+	lease *ledger.Record // set once Reserve gave us the ledger lease
+}
+
+func (h *hold) setLease(r *ledger.Record) {
+	h.mu.Lock()
+	h.lease = r
+	h.mu.Unlock()
+}
+
+func (h *hold) getLease() *ledger.Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
+}
+
+// errLeaseLost is the cause an event's context is cancelled with when the
+// heartbeat finds the PEL entry or the ledger lease gone.
+var errLeaseLost = fmt.Errorf("lease lost: %w", ledger.ErrLeaseLost)
+
+// heartbeat renews every hold every interval: the PEL entry's idle time
+// (heartbeat.lua) and the ledger lease (one fenced UPDATE for all). A hold
+// whose entry or lease is gone has its context cancelled.
+type heartbeat struct {
+	rdb      redis.UniversalClient
+	ledger   *ledger.Ledger
+	group    string
+	name     string
+	lease    time.Duration
+	interval time.Duration
+	logger   *slog.Logger
+	metrics  *Metrics
+	disabled bool // tests: prove the other defences hold without it
+
+	mu    sync.Mutex
+	holds map[string]*hold // stream + "\x00" + id
+}
+
+func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {
+	return &heartbeat{rdb: rdb, ledger: l, group: group, name: name, lease: lease,
+		interval: lease / 3, logger: logger, metrics: m, disabled: disabled, holds: map[string]*hold{}}
+}
+
+// add starts holding an entry. The returned hold's context is a child of
+// parent, cancelled with errLeaseLost when the hold is lost.
+func (hb *heartbeat) add(parent context.Context, stream, id string) *hold {
+	ctx, cancel := context.WithCancelCause(parent)
+	h := &hold{stream: stream, id: id, ctx: ctx, cancel: cancel}
+	hb.mu.Lock()
+	if old, ok := hb.holds[stream+"\x00"+id]; ok {
+		old.cancel(errLeaseLost)
+	}
+	hb.holds[stream+"\x00"+id] = h
+	hb.mu.Unlock()
+	return h
+}
+
+// remove stops holding an entry.
+func (hb *heartbeat) remove(h *hold) {
+	hb.mu.Lock()
+	if hb.holds[h.stream+"\x00"+h.id] == h {
+		delete(hb.holds, h.stream+"\x00"+h.id)
+	}
+	hb.mu.Unlock()
+	h.cancel(nil)
+}
+
+func (hb *heartbeat) count() int {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return len(hb.holds)
+}
+
+// run ticks until ctx is done.
+func (hb *heartbeat) run(ctx context.Context) {
+	if hb.disabled {
+		return
+	}
+	t := time.NewTicker(hb.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			hb.beat(ctx)
+		}
+	}
+}
+
+// beat renews every hold once.
+func (hb *heartbeat) beat(ctx context.Context) {
+	hb.mu.Lock()
+	byStream := map[string][]*hold{}
+	for _, h := range hb.holds {
+		byStream[h.stream] = append(byStream[h.stream], h)
+	}
+	hb.mu.Unlock()
+	if len(byStream) == 0 {
+		return
+	}
+	var leased []ledger.Record
+	leaseHolds := map[ledger.Key]*hold{}
+	for stream, hs := range byStream {
+		ids := make([]string, len(hs))
+		for i, h := range hs {
+			ids[i] = h.id
+		}
+		owned, err := renew(ctx, hb.rdb, stream, hb.group, hb.name, ids)
+		if err != nil {
+			// Redis unreachable: we cannot tell; the ledger lease below still
+			// protects the Stripe call, and the next beat tries again.
+			hb.logger.WarnContext(ctx, "heartbeat: renewing PEL entries failed", slog.String("stream", stream), slog.Any("error", err))
+			hb.metrics.heartbeat("error", len(ids))
+		} else {
+			for _, h := range hs {
+				if !owned[h.id] {
+					hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
+						slog.String("stream", stream), slog.String("id", h.id))
+					hb.metrics.heartbeat("lost", 1)
+					h.cancel(errLeaseLost)
+				}
+			}
+			hb.metrics.heartbeat("renewed", len(owned))
+		}
+		for _, h := range hs {
+			if r := h.getLease(); r != nil && h.ctx.Err() == nil {
+				leased = append(leased, *r)
+				leaseHolds[r.Key] = h
+			}
+		}
+	}
+	if len(leased) == 0 {
+		return
+	}
+	lost, err := hb.ledger.ExtendMany(ctx, leased, hb.lease)
+	if err != nil {
+		// We cannot prove the leases are still ours, so stop the work they
+		// cover: the rows stay pending and a later delivery retries them with
+		// the same key. Cheaper than racing a takeover.
+		hb.logger.WarnContext(ctx, "heartbeat: extending ledger leases failed; cancelling their work", slog.Any("error", err))
+		hb.metrics.heartbeat("lost", len(leased))
+		for _, h := range leaseHolds {
+			h.cancel(errLeaseLost)
+		}
+		return
+	}
+	for _, k := range lost {
+		hb.logger.WarnContext(ctx, "heartbeat: ledger lease lost; cancelling its work", slog.String("key", k.String()))
+		hb.metrics.heartbeat("lost", 1)
+		leaseHolds[k].cancel(errLeaseLost)
+	}
+}
+
+// stillOwned re-checks one entry just before a Stripe call.
+func (hb *heartbeat) stillOwned(ctx context.Context, h *hold) (bool, error) {
+	owned, err := renew(ctx, hb.rdb, h.stream, hb.group, hb.name, []string{h.id})
+	if err != nil {
+		return false, err
+	}
+	return owned[h.id], nil
+}

@@ -1,0 +1,75 @@
+package consumer
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the consumer's Prometheus series. A nil *Metrics records nothing.
+type Metrics struct {
+	events      *prometheus.CounterVec
+	stripe      *prometheus.HistogramVec
+	inFlight    prometheus.Gauge
+	heartbeats  *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+}
+
+// NewMetrics registers the consumer's series on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_consumer_events_total",
+			Help: "Events handled, by outcome (charged, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost).",
+		}, []string{"outcome"}),
+		stripe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "pelguard_consumer_stripe_seconds",
+			Help:    "Latency of Stripe charge and lookup calls, by result class.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"result"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pelguard_consumer_in_flight",
+			Help: "Stream entries held (read and not yet acked or left).",
+		}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_consumer_heartbeats_total",
+			Help: "PEL entry and lease renewals, by result (renewed, lost, error).",
+		}, []string{"result"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_consumer_dead_letters_total",
+			Help: "Entries sent to the dead-letter stream, by reason.",
+		}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters)
+	}
+	return m
+}
+
+func (m *Metrics) event(outcome Outcome) {
+	if m != nil {
+		m.events.WithLabelValues(string(outcome)).Inc()
+	}
+}
+
+func (m *Metrics) stripeCall(result string, seconds float64) {
+	if m != nil {
+		m.stripe.WithLabelValues(result).Observe(seconds)
+	}
+}
+
+func (m *Metrics) held(delta float64) {
+	if m != nil {
+		m.inFlight.Add(delta)
+	}
+}
+
+func (m *Metrics) heartbeat(result string, n int) {
+	if m != nil && n > 0 {
+		m.heartbeats.WithLabelValues(result).Add(float64(n))
+	}
+}
+
+func (m *Metrics) deadLetter(reason string) {
+	if m != nil {
+		m.deadLetters.WithLabelValues(reason).Inc()
+	}
+}

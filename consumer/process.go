@@ -1,0 +1,273 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+)
+
+// Outcome is how the handling of one stream entry ended.
+type Outcome string
+
+// Outcomes. Every one but Busy, RetryLater and LeaseLost ends with XACK.
+const (
+	OutcomeCharged       Outcome = "charged"        // new ledger row charged (or a lost charge found at Stripe)
+	OutcomeAlreadyBilled Outcome = "already_billed" // ledger terminal: acked without a Stripe call
+	OutcomeDeclined      Outcome = "declined"
+	OutcomeFailed        Outcome = "failed"      // permanent Stripe error: ledger failed + dead letter
+	OutcomeDeadLetter    Outcome = "dead_letter" // invalid or conflicting event
+	OutcomeSpendCap      Outcome = "spend_cap"   // the cap forbids it: dead letter, no charge
+	OutcomeBusy          Outcome = "busy"        // another holder's live lease: left pending
+	OutcomeRetryLater    Outcome = "retry_later" // transient failure: left pending, lease released
+	OutcomeLeaseLost     Outcome = "lease_lost"  // our PEL entry or lease went to someone else
+)
+
+// Acked reports whether the entry was acknowledged.
+func (o Outcome) Acked() bool {
+	return o != OutcomeBusy && o != OutcomeRetryLater && o != OutcomeLeaseLost
+}
+
+// Stripe is what the consumer needs of the Stripe adapter.
+type Stripe interface {
+	Charge(ctx context.Context, req stripeapi.ChargeRequest) (stripeapi.Charge, error)
+	FindCharge(ctx context.Context, stripeCustomerID string, since time.Time, idempotencyKey string) (stripeapi.Charge, bool, error)
+}
+
+// Dead-letter reasons besides event.Reason*.
+const (
+	ReasonSpendCap    = "spend_cap"
+	ReasonNoSpendCap  = "no_spend_cap"
+	ReasonConflict    = "conflicting_event"
+	ReasonStripePerm  = "stripe_permanent_error"
+	ReasonMaxDelivery = "max_deliveries"
+)
+
+// Processor handles single stream entries: the per-event algorithm of
+// DESIGN.md, shared by the consumer's workers and the reaper's re-drive.
+type Processor struct {
+	cfg Config
+	hb  *heartbeat
+}
+
+// Process handles one entry read or claimed by this processor's consumer
+// name, from validation to ack. It never returns an error for a bad event or
+// a Stripe failure: those are outcomes. err is set only when the outcome is
+// RetryLater because a dependency (Redis, Postgres) failed.
+func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessage) (Outcome, error) {
+	h := p.hb.add(ctx, stream, msg.ID)
+	defer p.hb.remove(h)
+	return p.process(h, msg)
+}
+
+func (p *Processor) process(h *hold, msg redis.XMessage) (out Outcome, err error) {
+	ctx := h.ctx
+	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
+	defer func() {
+		p.cfg.Metrics.event(out)
+		if err != nil {
+			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
+		} else {
+			log.DebugContext(ctx, "event handled", slog.String("outcome", string(out)))
+		}
+	}()
+
+	if msg.Values == nil { // XREADGROUP 0 returns deleted entries with no body
+		return OutcomeAlreadyBilled, p.ack(ctx, h.stream, msg.ID)
+	}
+	ev, err := event.ParseFields(msg.Values, p.cfg.Rules)
+	if err != nil {
+		var re *event.RejectError
+		errors.As(err, &re)
+		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter)
+	}
+	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
+	key := ev.Key(p.cfg.Namespace)
+
+	claim, err := p.cfg.Ledger.Reserve(ctx, ledger.ReserveRequest{
+		Event: ev, IdempotencyKey: key, Owner: p.cfg.Name, Lease: p.cfg.Lease,
+		MessageID: msg.ID, RequireCap: p.cfg.RequireCap,
+	})
+	var capErr *ledger.CapError
+	switch {
+	case errors.As(err, &capErr):
+		p.cfg.Notifier.Notify(alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
+		return p.deadLetter(ctx, h.stream, msg, ReasonSpendCap, capErr.Error(), OutcomeSpendCap)
+	case errors.Is(err, ledger.ErrNoCap):
+		return p.deadLetter(ctx, h.stream, msg, ReasonNoSpendCap,
+			"no spend cap for "+ev.BillingPeriod+" and --require-cap is set; set one with `consumer cap set`", OutcomeSpendCap)
+	case err != nil:
+		return p.leftPending(ctx, OutcomeRetryLater, fmt.Errorf("reserving: %w", err))
+	}
+
+	switch claim.Decision {
+	case ledger.AlreadyTerminal:
+		// Partial batch / AOF rollback / killed before XACK: the ledger says
+		// it is done, so this delivery is acked without a Stripe call.
+		return OutcomeAlreadyBilled, p.ack(ctx, h.stream, msg.ID)
+	case ledger.Busy:
+		// Reclaim while in flight: someone else holds a live lease. Leave the
+		// entry; once they finish, the reaper acks it from the ledger.
+		return OutcomeBusy, nil
+	case ledger.Conflict:
+		r := claim.Record
+		return p.deadLetter(ctx, h.stream, msg, ReasonConflict, fmt.Sprintf(
+			"the ledger already has %s for %s/%s with %d %s for %s; this event says %d %s for %s",
+			r.Status, r.CustomerID, r.BillingPeriod, r.AmountCents, r.Currency, r.StripeCustomerID,
+			ev.AmountCents, ev.Currency, ev.StripeCustomerID), OutcomeDeadLetter)
+	}
+
+	rec := claim.Record
+	h.setLease(&rec)
+	return p.charge(h, msg, ev, rec, log)
+}
+
+// charge makes (or finds) the Stripe charge for a row whose lease we hold,
+// records the outcome, then acks.
+func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledger.Record, log *slog.Logger) (Outcome, error) {
+	ctx := h.ctx
+	now := p.cfg.Clock.Now()
+
+	// Past the safe window Stripe may have forgotten the key: look before
+	// charging again; if the lookup fails, leave it pending and say so.
+	if claimPastWindow(rec, now, p.cfg.SafeKeyWindow) {
+		start := time.Now()
+		found, ok, err := p.cfg.Stripe.FindCharge(ctx, rec.StripeCustomerID, rec.FirstAttemptAt.Add(-time.Hour), rec.IdempotencyKey)
+		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
+		if err != nil {
+			p.cfg.Notifier.Notify(alerts.StripeLookupFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
+			return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("looking up an earlier charge past the key window: %w", err))
+		}
+		if ok {
+			log.InfoContext(ctx, "found the charge of an earlier attempt at Stripe", slog.String("charge_id", found.ID))
+			return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+		}
+	}
+
+	// Re-check, just before the call, that the entry is still ours: the
+	// heartbeat ticks only every lease/3.
+	owned, err := p.hb.stillOwned(ctx, h)
+	if err != nil {
+		return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("checking ownership before the Stripe call: %w", err))
+	}
+	if !owned || ctx.Err() != nil {
+		return p.release(ctx, rec, OutcomeLeaseLost, nil)
+	}
+
+	start := time.Now()
+	ch, err := p.cfg.Stripe.Charge(ctx, stripeapi.ChargeRequest{
+		IdempotencyKey:   rec.IdempotencyKey,
+		StripeCustomerID: rec.StripeCustomerID,
+		AmountCents:      rec.AmountCents,
+		Currency:         rec.Currency,
+		Description:      p.cfg.Description(ev),
+		Metadata:         stripeapi.PelguardMetadata(rec.CustomerID, rec.BillingPeriod, rec.IdempotencyKey),
+	})
+	p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch.ID}, OutcomeCharged)
+	case errors.Is(err, stripeapi.ErrCardDeclined):
+		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error()}, OutcomeDeclined)
+	case errors.Is(err, stripeapi.ErrTransient):
+		if cause := context.Cause(ctx); errors.Is(cause, errLeaseLost) {
+			return p.release(ctx, rec, OutcomeLeaseLost, nil)
+		}
+		return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("stripe: %w", err))
+	default:
+		// Idempotency mismatch, permission, authentication, invalid request:
+		// retrying cannot help. Record it, park the event, tell a human.
+		p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
+		if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
+			p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
+		}
+		out, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()})
+		if ferr != nil {
+			return out, ferr
+		}
+		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
+	}
+}
+
+func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) bool {
+	return rec.Attempts > 1 && now.Sub(rec.FirstAttemptAt) > window
+}
+
+// finish writes the terminal outcome (fenced), then acks: write-before-ack.
+func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
+	ctx := context.WithoutCancel(h.ctx) // a charge was made: record it even if the lease is being lost
+	res, err := p.finishOnly(ctx, rec, o)
+	if err != nil {
+		return res, err
+	}
+	return out, p.ack(ctx, h.stream, h.id)
+}
+
+func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {
+	ctx = context.WithoutCancel(ctx)
+	_, err := p.cfg.Ledger.Finish(ctx, rec, o)
+	if errors.Is(err, ledger.ErrLeaseLost) {
+		// Someone took over (our lease expired). Whatever they record wins;
+		// with the same idempotency key they got the same charge.
+		return OutcomeLeaseLost, nil
+	}
+	if err != nil {
+		return OutcomeRetryLater, fmt.Errorf("recording %s: %w", o.Status, err)
+	}
+	return "", nil
+}
+
+// release gives the lease up so the next delivery can retry at once.
+func (p *Processor) release(ctx context.Context, rec ledger.Record, out Outcome, cause error) (Outcome, error) {
+	reason := "lease lost"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	if err := p.cfg.Ledger.Release(context.WithoutCancel(ctx), rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
+	}
+	return p.leftPending(ctx, out, cause)
+}
+
+func (p *Processor) leftPending(_ context.Context, out Outcome, cause error) (Outcome, error) {
+	return out, cause
+}
+
+// ack acknowledges one entry. Always per event, always after the ledger
+// write it depends on has committed (invariant 3).
+func (p *Processor) ack(ctx context.Context, stream, id string) error {
+	if err := p.cfg.Redis.XAck(context.WithoutCancel(ctx), stream, p.cfg.Group, id).Err(); err != nil {
+		// Harmless for money: the ledger is terminal, so the redelivery (or
+		// the reaper) acks it without a Stripe call.
+		return fmt.Errorf("XACK %s %s: %w", stream, id, err)
+	}
+	return nil
+}
+
+func resultClass(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, stripeapi.ErrCardDeclined):
+		return "declined"
+	case errors.Is(err, stripeapi.ErrTransient):
+		return "transient"
+	default:
+		return "permanent"
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
