@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/migrations"
+)
+
+// Default service URLs when neither flag nor environment names one.
+const (
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+)
+
+// RegisterRedis adds --redis-url.
+func RegisterRedis(fs *flag.FlagSet, dst *string) {
+	fs.StringVar(dst, "redis-url", Env("REDIS_URL", DefaultRedisURL), "Redis URL, redis://[:password@]host:port/db or rediss:// [REDIS_URL]")
+}
+
+// RegisterDatabase adds --database-url.
+func RegisterDatabase(fs *flag.FlagSet, dst *string) {
+	fs.StringVar(dst, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger [DATABASE_URL]")
+}
+
+// OpenRedis parses url and pings the server.
+func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
+	}
+	c := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("connecting to Redis at %s (is it running? is REDIS_URL right?): %w", opt.Addr, redact.Error(err))
+	}
+	return c, nil
+}
+
+// OpenDB opens the ledger's pool and refuses a schema with pending
+// migrations, naming the command that fixes it.
+func OpenDB(ctx context.Context, prog, url string, maxConns int32) (*pgxpool.Pool, error) {
+	pool, err := pg.Open(ctx, url, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	defer m.Close()
+	pending, err := m.Pending(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
+	}
+	if pending {
+		pool.Close()
+		return nil, Usagef("the ledger schema is not up to date: run `%s migrate up` first", prog)
+	}
+	return pool, nil
+}
+
+// Stripe flags, shared by every binary that calls Stripe.
+type Stripe struct {
+	APIKey               string
+	APIBase              string
+	Mode                 string
+	MaxRetries           int
+	Timeout              time.Duration
+	RateLimit            float64
+	AllowUnrestrictedKey bool
+}
+
+// Register adds the Stripe flags.
+func (s *Stripe) Register(fs *flag.FlagSet) {
+	fs.StringVar(&s.APIKey, "stripe-key", Env("STRIPE_API_KEY", ""), "Stripe secret or restricted key; prefer the environment [STRIPE_API_KEY]")
+	fs.StringVar(&s.APIBase, "stripe-api-base", Env("STRIPE_API_BASE", ""), "Stripe API base URL; empty is Stripe itself (tests: the emulator) [STRIPE_API_BASE]")
+	fs.StringVar(&s.Mode, "stripe-mode", Env("STRIPE_MODE", "payment_intents"), "how charges are made: payment_intents or charges [STRIPE_MODE]")
+	fs.IntVar(&s.MaxRetries, "stripe-retries", EnvInt("STRIPE_MAX_RETRIES", 2), "stripe-go's own retries per call (same idempotency key)")
+	fs.DurationVar(&s.Timeout, "stripe-timeout", EnvDuration("STRIPE_TIMEOUT", 30*time.Second), "timeout of each Stripe HTTP attempt")
+	fs.Float64Var(&s.RateLimit, "stripe-rate", 0, "Stripe requests per second shared by the whole process (0: no client-side limit; Stripe allows 100/s live)")
+	fs.BoolVar(&s.AllowUnrestrictedKey, "allow-unrestricted-key", false, "accept an unrestricted live key (sk_live_); use a restricted rk_ key instead")
+}
+
+// Client validates the flags and builds the adapter.
+func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+	switch {
+	case s.APIKey == "":
+		return nil, Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
+	case strings.HasPrefix(s.APIKey, "sk_live_") && !s.AllowUnrestrictedKey:
+		return nil, Usagef("refusing an unrestricted live key (sk_live_…): create a restricted key (rk_live_…) with only the permissions this program needs, or pass --allow-unrestricted-key")
+	case s.Mode != "payment_intents" && s.Mode != "charges":
+		return nil, Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
+	case s.MaxRetries < 0 || s.MaxRetries > 10:
+		return nil, Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
+	case s.RateLimit < 0:
+		return nil, Usagef("--stripe-rate must not be negative")
+	}
+	if strings.HasPrefix(s.APIKey, "sk_live_") {
+		logger.Warn("using an unrestricted live Stripe key (--allow-unrestricted-key); a restricted rk_ key limits the damage of a leak")
+	}
+	retries := int64(s.MaxRetries)
+	if retries == 0 {
+		retries = -1 // the adapter reads 0 as "default"
+	}
+	c, err := stripeapi.New(stripeapi.Config{
+		APIKey: s.APIKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
+		MaxNetworkRetries: retries, Timeout: s.Timeout, RateLimit: s.RateLimit,
+		Logger: logger, Observe: observe,
+	})
+	if err != nil {
+		return nil, Usagef("Stripe configuration: %v", redact.Error(err))
+	}
+	return c, nil
+}
+
+// Slack flags.
+type Slack struct {
+	WebhookURL string
+	BotToken   string
+	Channel    string
+}
+
+// Register adds the Slack flags (environment variables are the usual way).
+func (s *Slack) Register(fs *flag.FlagSet) {
+	fs.StringVar(&s.WebhookURL, "slack-webhook-url", "", "Slack incoming webhook URL [SLACK_WEBHOOK_URL]")
+	fs.StringVar(&s.BotToken, "slack-bot-token", "", "Slack bot token, with --slack-channel [SLACK_BOT_TOKEN]")
+	fs.StringVar(&s.Channel, "slack-channel", "", "Slack channel for the bot token [SLACK_CHANNEL]")
+}
+
+// Notifier builds the alerts notifier (log-only when Slack is not configured).
+func (s *Slack) Notifier(logger *slog.Logger, reg prometheus.Registerer) (alerts.Notifier, error) {
+	n, err := alerts.FromEnv(alerts.Config{WebhookURL: s.WebhookURL, BotToken: s.BotToken, Channel: s.Channel, Logger: logger, Registerer: reg})
+	if err != nil {
+		return nil, Usagef("Slack configuration: %v", redact.Error(err))
+	}
+	return n, nil
+}
