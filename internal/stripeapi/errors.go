@@ -1,0 +1,199 @@
+package stripeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/stripe/stripe-go/v76"
+)
+
+// Error kinds. Every error returned by Client wraps exactly one of them, so a
+// caller branches with errors.Is and never looks at stripe-go types.
+var (
+	// ErrTransient: the outcome is unknown or the request was not processed
+	// (timeout, network error, 5xx, 429, idempotency_key_in_use, caller
+	// cancellation). Retrying with the SAME idempotency key is safe and is the
+	// only correct reaction: the charge may already exist.
+	ErrTransient = errors.New("stripe: transient error")
+	// ErrCardDeclined: the charge was refused by the card network (402
+	// card_error). Permanent for this attempt; nothing was charged.
+	ErrCardDeclined = errors.New("stripe: card declined")
+	// ErrIdempotencyMismatch: the idempotency key was reused with different
+	// parameters (400 idempotency_error). A bug or a key collision: never retry.
+	ErrIdempotencyMismatch = errors.New("stripe: idempotency key reused with different parameters")
+	// ErrPermission: the key lacks the permission (403), typically a
+	// restricted rk_ key without charge write access.
+	ErrPermission = errors.New("stripe: permission denied")
+	// ErrInvalidRequest: any other 4xx; the request itself is wrong.
+	ErrInvalidRequest = errors.New("stripe: invalid request")
+	// ErrAuthentication: the key is missing, invalid or revoked (401).
+	ErrAuthentication = errors.New("stripe: authentication failed")
+)
+
+// Error is the adapter's typed error: the kind (one of the Err* sentinels)
+// plus the Stripe fields a caller may need to record. Message is scrubbed of
+// anything that looks like an API key.
+type Error struct {
+	Kind        error
+	HTTPStatus  int
+	Code        string
+	DeclineCode string
+	RequestID   string
+	Message     string
+	Err         error
+}
+
+// Error renders the kind and the Stripe fields; it never includes the key.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Kind != nil {
+		b.WriteString(e.Kind.Error())
+	} else {
+		b.WriteString("stripe: error")
+	}
+	if e.HTTPStatus != 0 {
+		fmt.Fprintf(&b, " (status %d", e.HTTPStatus)
+		if e.Code != "" {
+			fmt.Fprintf(&b, ", code %s", e.Code)
+		}
+		if e.DeclineCode != "" {
+			fmt.Fprintf(&b, ", decline_code %s", e.DeclineCode)
+		}
+		if e.RequestID != "" {
+			fmt.Fprintf(&b, ", request %s", e.RequestID)
+		}
+		b.WriteString(")")
+	}
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	}
+	return b.String()
+}
+
+// Unwrap exposes both the kind and the cause, so errors.Is(err, ErrTransient)
+// and errors.Is(err, context.Canceled) both work.
+func (e *Error) Unwrap() []error {
+	errs := make([]error, 0, 2)
+	if e.Kind != nil {
+		errs = append(errs, e.Kind)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
+
+// keyLike matches Stripe secret and restricted keys (and their partially
+// masked forms such as sk_test_****1234) wherever they appear in text.
+var keyLike = regexp.MustCompile(`\b(?:sk|rk)_[A-Za-z0-9_*]{3,}`)
+
+// scrub removes anything key-like from s. Stripe masks keys in its own
+// messages, but a proxy, a test double or a wrapped net error might not.
+func scrub(s string) string {
+	return keyLike.ReplaceAllString(s, "[REDACTED]")
+}
+
+// statusError carries the HTTP status of the last attempt when stripe-go
+// could not turn the body into a *stripe.Error (an HTML 502 from a load
+// balancer, an empty 500): stripe-go then returns a bare decode error.
+type statusError struct {
+	status int
+	err    error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
+// classify is the ONE place where stripe-go and transport errors become the
+// adapter's kinds. nil stays nil.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var already *Error
+	if errors.As(err, &already) {
+		return err
+	}
+
+	var se *stripe.Error
+	if errors.As(err, &se) {
+		se.Msg = scrub(se.Msg)
+		out := &Error{
+			HTTPStatus:  se.HTTPStatusCode,
+			Code:        string(se.Code),
+			DeclineCode: string(se.DeclineCode),
+			RequestID:   se.RequestID,
+			Message:     se.Msg,
+			Err:         se,
+		}
+		switch {
+		case se.Type == stripe.ErrorTypeCard:
+			out.Kind = ErrCardDeclined
+		case se.Type == stripe.ErrorTypeIdempotency:
+			out.Kind = ErrIdempotencyMismatch
+		case se.Code == stripe.ErrorCodeIdempotencyKeyInUse, se.HTTPStatusCode == http.StatusConflict:
+			// Another request with the same key is still running: its outcome
+			// decides, so this one must be retried later with the same key.
+			out.Kind = ErrTransient
+		case se.HTTPStatusCode == http.StatusTooManyRequests, se.Code == stripe.ErrorCodeLockTimeout,
+			se.Code == stripe.ErrorCodeRateLimit:
+			out.Kind = ErrTransient
+		case se.HTTPStatusCode >= 500, se.Type == stripe.ErrorTypeAPI:
+			out.Kind = ErrTransient
+		case se.HTTPStatusCode == http.StatusUnauthorized:
+			out.Kind = ErrAuthentication
+		case se.HTTPStatusCode == http.StatusForbidden:
+			out.Kind = ErrPermission
+		case se.HTTPStatusCode == http.StatusPaymentRequired:
+			// A 402 that is not a card_error (e.g. a payment-method problem on
+			// an intent) is still a refusal, not an unknown outcome.
+			out.Kind = ErrCardDeclined
+		case se.HTTPStatusCode >= 400:
+			out.Kind = ErrInvalidRequest
+		default:
+			// No status (should not happen): treat as unknown outcome.
+			out.Kind = ErrTransient
+		}
+		return out
+	}
+
+	var st *statusError
+	if errors.As(err, &st) {
+		out := &Error{HTTPStatus: st.status, Message: scrub(st.err.Error()), Err: st.err}
+		switch {
+		case st.status >= 500, st.status == http.StatusTooManyRequests, st.status == http.StatusConflict:
+			out.Kind = ErrTransient
+		case st.status == http.StatusUnauthorized:
+			out.Kind = ErrAuthentication
+		case st.status == http.StatusForbidden:
+			out.Kind = ErrPermission
+		case st.status >= 400:
+			out.Kind = ErrInvalidRequest
+		default:
+			// A 2xx whose body did not decode: the request may have
+			// succeeded, so the outcome is unknown.
+			out.Kind = ErrTransient
+		}
+		return out
+	}
+
+	// Everything else is a transport failure (timeout, EOF, connection
+	// reset or refused, DNS) or happened after the request may have left
+	// (a decode error, the rate limiter giving up on a deadline). The outcome
+	// is unknown, so retrying with the same idempotency key is the only safe
+	// answer.
+	out := &Error{Kind: ErrTransient, Message: scrub(err.Error()), Err: err}
+	return out
+}
+
+// ctxError reports the caller's own cancellation as a transient error that
+// wraps ctx.Err(), so both errors.Is(err, context.Canceled) and
+// errors.Is(err, ErrTransient) hold.
+func ctxError(ctx context.Context, op string) error {
+	return &Error{Kind: ErrTransient, Message: op + ": " + ctx.Err().Error(), Err: ctx.Err()}
+}

@@ -1,0 +1,351 @@
+package stripeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+)
+
+// ChargeRequest is one charge to create.
+type ChargeRequest struct {
+	// IdempotencyKey is sent as the Idempotency-Key header. Empty only for
+	// the naive baseline: stripe-go then invents a random key per call, which
+	// protects its own retries but not a redelivery.
+	IdempotencyKey   string
+	StripeCustomerID string
+	AmountCents      int64
+	Currency         string
+	Description      string
+	// Metadata is sent as is; pelguard callers use PelguardMetadata.
+	Metadata map[string]string
+	// PaymentMethodID optionally names the payment method of the intent
+	// (payment_intents mode); when set, no default-payment-method lookup
+	// is made.
+	PaymentMethodID string
+}
+
+// Charge is the adapter's view of a Stripe charge.
+type Charge struct {
+	ID               string
+	PaymentIntentID  string
+	StripeCustomerID string
+	Currency         string
+	Status           string
+	Description      string
+
+	AmountCents         int64
+	AmountRefundedCents int64
+	Refunded            bool
+	Created             time.Time
+	// Metadata is the charge's metadata or, for a charge of a PaymentIntent
+	// whose own metadata is empty, the intent's metadata (from expand).
+	Metadata map[string]string
+}
+
+// Refund is the adapter's view of a Stripe refund.
+type Refund struct {
+	ID          string
+	ChargeID    string
+	Status      string
+	AmountCents int64
+}
+
+func (r ChargeRequest) validate() error {
+	var missing []string
+	if r.StripeCustomerID == "" {
+		missing = append(missing, "StripeCustomerID")
+	}
+	if r.Currency == "" {
+		missing = append(missing, "Currency")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: missing %s", ErrInvalidRequest, strings.Join(missing, ", "))
+	}
+	if r.AmountCents <= 0 {
+		return fmt.Errorf("%w: AmountCents must be positive, got %d", ErrInvalidRequest, r.AmountCents)
+	}
+	if len(r.IdempotencyKey) > 255 {
+		return fmt.Errorf("%w: idempotency key longer than 255 characters", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// Charge creates one charge. In payment_intents mode it creates a
+// PaymentIntent with confirm=true and off_session=true and returns the
+// intent's latest charge; in charges mode it uses the Charges API. A transient
+// error means the charge may exist: retry with the same IdempotencyKey.
+func (c *Client) Charge(ctx context.Context, req ChargeRequest) (Charge, error) {
+	var out Charge
+	if err := req.validate(); err != nil {
+		return out, &Error{Kind: ErrInvalidRequest, Message: "charge: " + err.Error(), Err: err}
+	}
+	err := c.call(ctx, "charge", func(ctx context.Context) error {
+		var err error
+		if c.mode == ModeCharges {
+			out, err = c.chargeViaCharges(ctx, req)
+		} else {
+			out, err = c.chargeViaIntent(ctx, req)
+		}
+		return err
+	})
+	if err != nil {
+		return Charge{}, fmt.Errorf("charging %s: %w", req.StripeCustomerID, err)
+	}
+	return out, nil
+}
+
+func (c *Client) chargeViaCharges(ctx context.Context, req ChargeRequest) (Charge, error) {
+	p := &stripe.ChargeParams{
+		Amount:   stripe.Int64(req.AmountCents),
+		Currency: stripe.String(req.Currency),
+		Customer: stripe.String(req.StripeCustomerID),
+	}
+	if req.Description != "" {
+		p.Description = stripe.String(req.Description)
+	}
+	p.Context = ctx
+	for k, v := range req.Metadata {
+		p.AddMetadata(k, v)
+	}
+	if req.IdempotencyKey != "" {
+		p.SetIdempotencyKey(req.IdempotencyKey)
+	}
+	ch, err := c.api.Charges.New(p)
+	if err != nil {
+		return Charge{}, err
+	}
+	return toCharge(ch), nil
+}
+
+func (c *Client) chargeViaIntent(ctx context.Context, req ChargeRequest) (Charge, error) {
+	p := &stripe.PaymentIntentParams{
+		Amount:     stripe.Int64(req.AmountCents),
+		Currency:   stripe.String(req.Currency),
+		Customer:   stripe.String(req.StripeCustomerID),
+		Confirm:    stripe.Bool(true),
+		OffSession: stripe.Bool(true),
+	}
+	if req.Description != "" {
+		p.Description = stripe.String(req.Description)
+	}
+	switch {
+	case req.PaymentMethodID != "":
+		p.PaymentMethod = stripe.String(req.PaymentMethodID)
+	case c.resolvePM:
+		pm, err := c.defaultPaymentMethod(ctx, req.StripeCustomerID)
+		if err != nil {
+			return Charge{}, err
+		}
+		p.PaymentMethod = stripe.String(pm)
+	}
+	p.Context = ctx
+	p.AddExpand("latest_charge")
+	for k, v := range req.Metadata {
+		p.AddMetadata(k, v)
+	}
+	if req.IdempotencyKey != "" {
+		p.SetIdempotencyKey(req.IdempotencyKey)
+	}
+	pi, err := c.api.PaymentIntents.New(p)
+	if err != nil {
+		return Charge{}, err
+	}
+	ch := pi.LatestCharge
+	if ch == nil || ch.ID == "" {
+		// Off-session card confirmations either succeed with a charge or
+		// fail with a 402; an intent without a charge needs a human.
+		return Charge{}, &Error{
+			Kind:    ErrInvalidRequest,
+			Message: fmt.Sprintf("payment intent %s has status %q and no charge", pi.ID, pi.Status),
+		}
+	}
+	if ch.Object == "" {
+		// Not expanded (a server that ignores expand): fetch it. A GET, so
+		// it is safe to repeat.
+		gp := &stripe.ChargeParams{}
+		gp.Context = ctx
+		full, err := c.api.Charges.Get(ch.ID, gp)
+		if err != nil {
+			return Charge{}, err
+		}
+		ch = full
+	}
+	out := toCharge(ch)
+	out.PaymentIntentID = pi.ID
+	if len(out.Metadata) == 0 && len(pi.Metadata) > 0 {
+		out.Metadata = pi.Metadata
+	}
+	if out.StripeCustomerID == "" && pi.Customer != nil {
+		out.StripeCustomerID = pi.Customer.ID
+	}
+	return out, nil
+}
+
+// defaultPaymentMethod returns the customer's invoice default payment method,
+// or its legacy default source.
+func (c *Client) defaultPaymentMethod(ctx context.Context, customerID string) (string, error) {
+	p := &stripe.CustomerParams{}
+	p.Context = ctx
+	cust, err := c.api.Customers.Get(customerID, p)
+	if err != nil {
+		return "", err
+	}
+	if cust.InvoiceSettings != nil && cust.InvoiceSettings.DefaultPaymentMethod != nil && cust.InvoiceSettings.DefaultPaymentMethod.ID != "" {
+		return cust.InvoiceSettings.DefaultPaymentMethod.ID, nil
+	}
+	if cust.DefaultSource != nil && cust.DefaultSource.ID != "" {
+		return cust.DefaultSource.ID, nil
+	}
+	return "", &Error{Kind: ErrInvalidRequest, Message: fmt.Sprintf("customer %s has no default payment method", customerID)}
+}
+
+// FindCharge looks for a succeeded pelguard charge of stripeCustomerID
+// created at or after since whose metadata carries idempotencyKey. It is how
+// a takeover past Stripe's 24 h idempotency window decides whether the first
+// attempt charged. found=false with a nil error means "looked, not there";
+// any error means "could not tell": never charge on an error.
+func (c *Client) FindCharge(ctx context.Context, stripeCustomerID string, since time.Time, idempotencyKey string) (Charge, bool, error) {
+	if stripeCustomerID == "" || idempotencyKey == "" {
+		err := &Error{Kind: ErrInvalidRequest, Message: "find charge: customer and idempotency key are required"}
+		return Charge{}, false, err
+	}
+	var (
+		found Charge
+		ok    bool
+	)
+	errStop := errors.New("found")
+	err := c.call(ctx, "find_charge", func(ctx context.Context) error {
+		p := &stripe.ChargeListParams{Customer: stripe.String(stripeCustomerID)}
+		p.Context = ctx
+		p.Limit = stripe.Int64(listPageSize)
+		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}
+		p.AddExpand("data.payment_intent")
+		it := c.api.Charges.List(p)
+		for it.Next() {
+			ch := toCharge(it.Charge())
+			if ch.Status == string(stripe.ChargeStatusSucceeded) && IsPelguard(ch.Metadata) &&
+				ch.Metadata[MetaIdempotencyKey] == idempotencyKey {
+				found, ok = ch, true
+				return errStop
+			}
+		}
+		return it.Err()
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	if err != nil {
+		return Charge{}, false, fmt.Errorf("finding charge of %s since %s: %w", stripeCustomerID, since.UTC().Format(time.RFC3339), err)
+	}
+	return found, ok, nil
+}
+
+// ListCharges streams every charge created in [from, to), newest first as
+// Stripe returns them, one page of 100 in memory at a time, with the payment
+// intent expanded so Metadata falls back to the intent's. Each page waits on
+// the shared rate limit. An error from fn stops the listing and is returned
+// as is (wrapped).
+func (c *Client) ListCharges(ctx context.Context, from, to time.Time, fn func(Charge) error) error {
+	if !from.Before(to) {
+		return &Error{Kind: ErrInvalidRequest, Message: fmt.Sprintf("list charges: empty window [%s, %s)", from, to)}
+	}
+	var fnErr error
+	err := c.call(ctx, "list_charges", func(ctx context.Context) error {
+		p := &stripe.ChargeListParams{}
+		p.Context = ctx
+		p.Limit = stripe.Int64(listPageSize)
+		// Stripe's created filter has one-second resolution: round from
+		// up and to up so that [from, to) holds for sub-second bounds.
+		p.CreatedRange = &stripe.RangeQueryParams{
+			GreaterThanOrEqual: ceilUnix(from),
+			LesserThan:         ceilUnix(to),
+		}
+		p.AddExpand("data.payment_intent")
+		it := c.api.Charges.List(p)
+		for it.Next() {
+			if err := fn(toCharge(it.Charge())); err != nil {
+				fnErr = err
+				return nil
+			}
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return fmt.Errorf("listing charges in [%s, %s): %w", from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339), err)
+	}
+	if fnErr != nil {
+		return fmt.Errorf("listing charges: %w", fnErr)
+	}
+	return nil
+}
+
+func ceilUnix(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+// Refund refunds amountCents of chargeID (0 = the remaining amount) with
+// reason "duplicate". idempotencyKey is required: a retried refund must not
+// refund twice.
+func (c *Client) Refund(ctx context.Context, chargeID string, amountCents int64, idempotencyKey string) (Refund, error) {
+	if chargeID == "" || idempotencyKey == "" || amountCents < 0 || len(idempotencyKey) > 255 {
+		err := &Error{Kind: ErrInvalidRequest, Message: "refund: charge id and idempotency key are required, amount must not be negative"}
+		return Refund{}, err
+	}
+	var out Refund
+	err := c.call(ctx, "refund", func(ctx context.Context) error {
+		p := &stripe.RefundParams{
+			Charge: stripe.String(chargeID),
+			Reason: stripe.String(string(stripe.RefundReasonDuplicate)),
+		}
+		if amountCents > 0 {
+			p.Amount = stripe.Int64(amountCents)
+		}
+		p.Context = ctx
+		p.SetIdempotencyKey(idempotencyKey)
+		r, err := c.api.Refunds.New(p)
+		if err != nil {
+			return err
+		}
+		out = Refund{ID: r.ID, ChargeID: chargeID, Status: string(r.Status), AmountCents: r.Amount}
+		if r.Charge != nil && r.Charge.ID != "" {
+			out.ChargeID = r.Charge.ID
+		}
+		return nil
+	})
+	if err != nil {
+		return Refund{}, fmt.Errorf("refunding %s: %w", chargeID, err)
+	}
+	return out, nil
+}
+
+func toCharge(ch *stripe.Charge) Charge {
+	out := Charge{
+		ID:                  ch.ID,
+		Currency:            string(ch.Currency),
+		Status:              string(ch.Status),
+		Description:         ch.Description,
+		AmountCents:         ch.Amount,
+		AmountRefundedCents: ch.AmountRefunded,
+		Refunded:            ch.Refunded,
+		Created:             time.Unix(ch.Created, 0).UTC(),
+		Metadata:            ch.Metadata,
+	}
+	if ch.Customer != nil {
+		out.StripeCustomerID = ch.Customer.ID
+	}
+	if pi := ch.PaymentIntent; pi != nil {
+		out.PaymentIntentID = pi.ID
+		if len(out.Metadata) == 0 && len(pi.Metadata) > 0 {
+			out.Metadata = pi.Metadata
+		}
+	}
+	return out
+}
