@@ -189,9 +189,8 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 		if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
 			p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
 		}
-		out, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()})
-		if ferr != nil {
-			return out, ferr
+		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()}); ferr != nil || res == OutcomeLeaseLost {
+			return res, ferr
 		}
 		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
 	}
@@ -204,8 +203,9 @@ func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) boo
 // finish writes the terminal outcome (fenced), then acks: write-before-ack.
 func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
 	ctx := context.WithoutCancel(h.ctx) // a charge was made: record it even if the lease is being lost
-	res, err := p.finishOnly(ctx, rec, o)
-	if err != nil {
+	if res, err := p.finishOnly(ctx, rec, o); err != nil || res == OutcomeLeaseLost {
+		// Not recorded by us: no ack (invariant 3). The entry stays pending
+		// and the next delivery finds whatever the new holder recorded.
 		return res, err
 	}
 	return out, p.ack(ctx, h.stream, h.id)

@@ -287,3 +287,47 @@ func (l *Ledger) Release(ctx context.Context, rec Record, reason string) error {
 	}
 	return nil
 }
+
+// ExtendMany renews many leases in one statement (the consumer's heartbeat
+// covers every event it holds). It returns the keys whose lease was lost.
+func (l *Ledger) ExtendMany(ctx context.Context, recs []Record, lease time.Duration) ([]Key, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	now := l.clock.Now()
+	cust := make([]string, len(recs))
+	per := make([]string, len(recs))
+	epochs := make([]int64, len(recs))
+	owners := make([]string, len(recs))
+	for i, r := range recs {
+		cust[i], per[i], epochs[i], owners[i] = r.CustomerID, r.BillingPeriod, r.Epoch, r.LeaseOwner
+	}
+	rows, err := l.pool.Query(ctx, `UPDATE billing_records b SET lease_expires_at = $5, updated_at = $6
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, o)
+		WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.lease_owner = u.o
+		AND b.status = 'pending'
+		RETURNING b.customer_id, b.billing_period`, cust, per, epochs, owners, now.Add(lease), now)
+	if err != nil {
+		return nil, fmt.Errorf("extending %d leases: %w", len(recs), err)
+	}
+	kept := make(map[Key]bool, len(recs))
+	for rows.Next() {
+		var k Key
+		if err := rows.Scan(&k.CustomerID, &k.BillingPeriod); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("extending leases: %w", err)
+		}
+		kept[k] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("extending %d leases: %w", len(recs), err)
+	}
+	var lost []Key
+	for _, r := range recs {
+		if !kept[r.Key] {
+			lost = append(lost, r.Key)
+		}
+	}
+	return lost, nil
+}

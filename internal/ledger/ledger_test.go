@@ -301,3 +301,30 @@ func TestLookupAndReads(t *testing.T) {
 		t.Fatalf("get missing: %v", err)
 	}
 }
+
+func TestExtendMany(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var recs []ledger.Record
+	for i := range 3 {
+		c, err := b.l.Reserve(ctx, req(ev(fmt.Sprintf("c%d", i), 100), "A"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, c.Record)
+	}
+	// c1 is taken over by B after its lease expires: A's heartbeat must report it lost.
+	b.clk.Advance(31 * time.Second)
+	if c, err := b.l.Reserve(ctx, req(ev("c1", 100), "B")); err != nil || c.Decision != ledger.TakenOver {
+		t.Fatalf("takeover: %v %v", c.Decision, err)
+	}
+	lost, err := b.l.ExtendMany(ctx, recs, time.Minute)
+	if err != nil || len(lost) != 1 || lost[0].CustomerID != "c1" {
+		t.Fatalf("lost %v %v", lost, err)
+	}
+	m, _ := b.l.Lookup(ctx, []ledger.Key{recs[0].Key})
+	if !m[recs[0].Key].LeaseExpiresAt.Equal(b.clk.Now().Add(time.Minute)) {
+		t.Fatalf("lease not extended: %v", m[recs[0].Key].LeaseExpiresAt)
+	}
+}

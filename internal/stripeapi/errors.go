@@ -134,12 +134,14 @@ func classify(err error) error {
 		switch {
 		case se.Type == stripe.ErrorTypeCard:
 			out.Kind = ErrCardDeclined
-		case se.Type == stripe.ErrorTypeIdempotency:
-			out.Kind = ErrIdempotencyMismatch
 		case se.Code == stripe.ErrorCodeIdempotencyKeyInUse, se.HTTPStatusCode == http.StatusConflict:
 			// Another request with the same key is still running: its outcome
 			// decides, so this one must be retried later with the same key.
+			// Checked before the idempotency_error type: Stripe sends the
+			// in-use 409 with that type too, and it is not a mismatch.
 			out.Kind = ErrTransient
+		case se.Type == stripe.ErrorTypeIdempotency:
+			out.Kind = ErrIdempotencyMismatch
 		case se.HTTPStatusCode == http.StatusTooManyRequests, se.Code == stripe.ErrorCodeLockTimeout,
 			se.Code == stripe.ErrorCodeRateLimit:
 			out.Kind = ErrTransient
