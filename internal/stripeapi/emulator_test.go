@@ -1,0 +1,347 @@
+package stripeapi_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/internal/stripesim"
+)
+
+const simKey = "sk_test_pelguardSECRETkey"
+
+func newSim(t testing.TB, cfg stripesim.Config) *stripesim.Server {
+	t.Helper()
+	srv := stripesim.MustNew(cfg)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func simClient(t testing.TB, srv *stripesim.Server, cfg stripeapi.Config) *stripeapi.Client {
+	t.Helper()
+	cfg.APIKey = cmpOr(cfg.APIKey, simKey)
+	cfg.BaseURL = srv.URL()
+	c, err := stripeapi.New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func pelguardReq(customer, period string, amount int64) stripeapi.ChargeRequest {
+	key := "key-" + customer + "-" + period
+	return stripeapi.ChargeRequest{
+		IdempotencyKey: key, StripeCustomerID: "cus_" + customer, AmountCents: amount, Currency: "usd",
+		Description: "Usage billing for " + period, Metadata: stripeapi.PelguardMetadata(customer, period, key),
+	}
+}
+
+var modes = []stripeapi.Mode{stripeapi.ModePaymentIntents, stripeapi.ModeCharges}
+
+// TestEmulatorErrorClasses drives each failure the emulator can produce
+// through the adapter and checks the one classification.
+func TestEmulatorErrorClasses(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+
+			t.Run("decline_402", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{DeclineCustomers: []string{"cus_d"}}})
+				_, err := simClient(t, srv, stripeapi.Config{Mode: mode}).Charge(t.Context(), pelguardReq("d", "2026-11", 100))
+				wantKind(t, err, stripeapi.ErrCardDeclined, 402)
+				var se *stripeapi.Error
+				if errors.As(err, &se) && se.DeclineCode == "" {
+					t.Errorf("decline code missing: %+v", se)
+				}
+			})
+
+			t.Run("idempotency_mismatch_400", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{})
+				c := simClient(t, srv, stripeapi.Config{Mode: mode})
+				req := pelguardReq("m", "2026-11", 100)
+				if _, err := c.Charge(t.Context(), req); err != nil {
+					t.Fatal(err)
+				}
+				req.AmountCents = 200
+				_, err := c.Charge(t.Context(), req)
+				wantKind(t, err, stripeapi.ErrIdempotencyMismatch, 400)
+			})
+
+			t.Run("key_in_use_409", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{Latency: stripesim.Latency{Fixed: 300 * time.Millisecond}}})
+				c := simClient(t, srv, stripeapi.Config{Mode: mode, MaxNetworkRetries: -1})
+				req := pelguardReq("u", "2026-11", 100)
+				errs := make([]error, 2)
+				var wg sync.WaitGroup
+				for i := range errs {
+					wg.Go(func() {
+						if i == 1 {
+							time.Sleep(50 * time.Millisecond) // let the first claim the key
+						}
+						_, errs[i] = c.Charge(t.Context(), req)
+					})
+				}
+				wg.Wait()
+				if errs[0] != nil {
+					t.Fatalf("first: %v", errs[0])
+				}
+				wantKind(t, errs[1], stripeapi.ErrTransient, 409)
+			})
+
+			t.Run("restricted_key_403", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{})
+				rk := "rk_test_readonlySECRET"
+				srv.SetKeyPermissions(rk, "charges_read", "payment_intents_read")
+				_, err := simClient(t, srv, stripeapi.Config{Mode: mode, APIKey: rk}).Charge(t.Context(), pelguardReq("p", "2026-11", 100))
+				wantKind(t, err, stripeapi.ErrPermission, 403)
+			})
+
+			t.Run("bad_key_401", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{})
+				_, err := simClient(t, srv, stripeapi.Config{Mode: mode, APIKey: "sk_bogus_SECRET123"}).Charge(t.Context(), pelguardReq("a", "2026-11", 100))
+				wantKind(t, err, stripeapi.ErrAuthentication, 401)
+			})
+
+			t.Run("server_error_500", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{ErrorRate: 1}})
+				_, err := simClient(t, srv, stripeapi.Config{Mode: mode, MaxNetworkRetries: -1}).Charge(t.Context(), pelguardReq("e", "2026-11", 100))
+				wantKind(t, err, stripeapi.ErrTransient, 500)
+			})
+
+			t.Run("rate_limited_429", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{RateLimitedRate: 1}})
+				_, err := simClient(t, srv, stripeapi.Config{Mode: mode, MaxNetworkRetries: -1}).Charge(t.Context(), pelguardReq("r", "2026-11", 100))
+				wantKind(t, err, stripeapi.ErrTransient, 429)
+			})
+
+			t.Run("commit_then_drop", func(t *testing.T) {
+				t.Parallel()
+				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{DropNextCharges: 1, DropHang: true}})
+				c := simClient(t, srv, stripeapi.Config{Mode: mode, MaxNetworkRetries: -1, Timeout: 300 * time.Millisecond})
+				req := pelguardReq("x", "2026-11", 100)
+				_, err := c.Charge(t.Context(), req)
+				wantKind(t, err, stripeapi.ErrTransient, 0)
+				// The charge exists although the caller saw a timeout; a retry
+				// with the same key must return it, not make another.
+				ch, err := c.Charge(t.Context(), req)
+				if err != nil {
+					t.Fatalf("retry: %v", err)
+				}
+				if n := srv.SucceededCharges("x", "2026-11"); n != 1 {
+					t.Fatalf("succeeded charges = %d, want 1", n)
+				}
+				if stored := srv.Charges(); len(stored) != 1 || stored[0].ID != ch.ID {
+					t.Fatalf("retry returned %s, stored %+v", ch.ID, stored)
+				}
+			})
+		})
+	}
+}
+
+func wantKind(t *testing.T, err, kind error, status int) {
+	t.Helper()
+	if !errors.Is(err, kind) {
+		t.Fatalf("want %v, got %v", kind, err)
+	}
+	var se *stripeapi.Error
+	if !errors.As(err, &se) {
+		t.Fatalf("not a *stripeapi.Error: %T %v", err, err)
+	}
+	if status != 0 && se.HTTPStatus != status {
+		t.Errorf("status = %d, want %d (%v)", se.HTTPStatus, status, err)
+	}
+	if strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("key leaked into error: %v", err)
+	}
+}
+
+func TestEmulatorIdempotentCharge(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			srv := newSim(t, stripesim.Config{})
+			c := simClient(t, srv, stripeapi.Config{Mode: mode})
+			req := pelguardReq("c_1", "2026-11", 2500)
+			first, err := c.Charge(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second, err := c.Charge(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first.ID != second.ID || first.ID == "" {
+				t.Fatalf("ids differ: %s vs %s", first.ID, second.ID)
+			}
+			if first.AmountCents != 2500 || first.Status != "succeeded" || first.StripeCustomerID != "cus_c_1" ||
+				!stripeapi.IsPelguard(first.Metadata) || first.Metadata[stripeapi.MetaIdempotencyKey] != req.IdempotencyKey {
+				t.Errorf("charge fields: %+v", first)
+			}
+			if mode == stripeapi.ModePaymentIntents && first.PaymentIntentID == "" {
+				t.Errorf("no payment intent id")
+			}
+			if n := srv.SucceededCharges("c_1", "2026-11"); n != 1 {
+				t.Fatalf("succeeded = %d", n)
+			}
+		})
+	}
+}
+
+// TestEmulatorFindChargePastIdempotencyWindow: after 25 h the key no longer
+// protects (a new charge would be made), and FindCharge is how a takeover
+// learns that the first attempt did charge.
+func TestEmulatorFindChargePastIdempotencyWindow(t *testing.T) {
+	t.Parallel()
+	srv := newSim(t, stripesim.Config{Now: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)})
+	c := simClient(t, srv, stripeapi.Config{})
+	// Noise: another customer, and the same customer in another period.
+	for _, r := range []stripeapi.ChargeRequest{pelguardReq("c_9", "2026-11", 100), pelguardReq("c_1", "2026-10", 100)} {
+		if _, err := c.Charge(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	since := srv.Now().Add(-time.Minute)
+	req := pelguardReq("c_1", "2026-11", 2500)
+	req.StripeCustomerID = "cus_c_1"
+	orig, err := c.Charge(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Advance(25 * time.Hour)
+
+	got, found, err := c.FindCharge(t.Context(), "cus_c_1", since, req.IdempotencyKey)
+	if err != nil || !found || got.ID != orig.ID {
+		t.Fatalf("FindCharge = %+v, %v, %v; want %s", got, found, err, orig.ID)
+	}
+	if _, found, err := c.FindCharge(t.Context(), "cus_c_1", since, "other-key"); err != nil || found {
+		t.Fatalf("unknown key: found=%v err=%v", found, err)
+	}
+	if _, found, err := c.FindCharge(t.Context(), "cus_c_1", srv.Now().Add(-time.Hour), req.IdempotencyKey); err != nil || found {
+		t.Fatalf("since after the charge: found=%v err=%v", found, err)
+	}
+}
+
+func TestEmulatorListChargesWindow(t *testing.T) {
+	t.Parallel()
+	srv := newSim(t, stripesim.Config{Now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)})
+	from := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	to := from.Add(10 * 24 * time.Hour)
+	want := map[string]bool{}
+	seed := func(at time.Time, in bool) {
+		ch := srv.SeedCharge(stripesim.ChargeSeed{Customer: "cus_l", Amount: 100, Created: at,
+			Metadata: stripeapi.PelguardMetadata("c_l", at.Format("2006-01-02T15:04:05"), "k")})
+		if in {
+			want[ch.ID] = true
+		}
+	}
+	for i := range 100 {
+		seed(from.Add(-time.Duration(i+1)*time.Minute), false)
+		seed(to.Add(time.Duration(i)*time.Minute), false) // to itself is excluded
+	}
+	for i := range 250 {
+		seed(from.Add(time.Duration(i)*30*time.Minute), true) // from itself is included
+	}
+	got := map[string]bool{}
+	err := simClient(t, srv, stripeapi.Config{}).ListCharges(t.Context(), from, to, func(ch stripeapi.Charge) error {
+		if got[ch.ID] {
+			return fmt.Errorf("charge %s listed twice", ch.ID)
+		}
+		got[ch.ID] = true
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 250 {
+		t.Fatalf("listed %d, want 250", len(got))
+	}
+	for id := range want {
+		if !got[id] {
+			t.Fatalf("missing %s", id)
+		}
+	}
+}
+
+// TestEmulatorMetadataFromExpandedIntent: a charge created by an intent may
+// not carry the intent's metadata; the adapter takes it from the intent.
+func TestEmulatorMetadataFromExpandedIntent(t *testing.T) {
+	t.Parallel()
+	srv := newSim(t, stripesim.Config{ChargeOmitsIntentMetadata: true})
+	c := simClient(t, srv, stripeapi.Config{Mode: stripeapi.ModePaymentIntents})
+	req := pelguardReq("c_m", "2026-11", 700)
+	ch, err := c.Charge(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := srv.Charge(ch.ID); len(stored.Metadata) != 0 {
+		t.Fatalf("precondition: emulator stored charge metadata %v", stored.Metadata)
+	}
+	if ch.Metadata[stripeapi.MetaIdempotencyKey] != req.IdempotencyKey {
+		t.Errorf("Charge metadata = %v", ch.Metadata)
+	}
+	var listed []stripeapi.Charge
+	err = c.ListCharges(t.Context(), srv.Now().Add(-time.Hour), srv.Now().Add(time.Hour), func(ch stripeapi.Charge) error {
+		listed = append(listed, ch)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) != 1 || !stripeapi.IsPelguard(listed[0].Metadata) || listed[0].Metadata[stripeapi.MetaBillingPeriod] != "2026-11" {
+		t.Fatalf("listed = %+v", listed)
+	}
+	if _, found, err := c.FindCharge(t.Context(), "cus_c_m", srv.Now().Add(-time.Hour), req.IdempotencyKey); err != nil || !found {
+		t.Fatalf("FindCharge via intent metadata: found=%v err=%v", found, err)
+	}
+}
+
+func TestEmulatorRefund(t *testing.T) {
+	t.Parallel()
+	srv := newSim(t, stripesim.Config{})
+	c := simClient(t, srv, stripeapi.Config{})
+	ch, err := c.Charge(t.Context(), pelguardReq("c_r", "2026-11", 2500))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := c.Refund(t.Context(), ch.ID, 1000, "refund-"+ch.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := c.Refund(t.Context(), ch.ID, 1000, "refund-"+ch.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.ID == "" || r1.ID != r2.ID || r1.ChargeID != ch.ID || r1.AmountCents != 1000 {
+		t.Fatalf("refunds %+v %+v", r1, r2)
+	}
+	if stored, _ := srv.Charge(ch.ID); stored.AmountRefunded != 1000 {
+		t.Fatalf("refunded %d, want 1000 (the retry must not refund again)", stored.AmountRefunded)
+	}
+	full, err := c.Refund(t.Context(), ch.ID, 0, "refund-rest-"+ch.ID)
+	if err != nil || full.AmountCents != 1500 {
+		t.Fatalf("refund of the rest: %+v, %v", full, err)
+	}
+	if srv.SucceededCharges("c_r", "2026-11") != 0 {
+		t.Fatalf("fully refunded charge still counted")
+	}
+}
