@@ -1,0 +1,299 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+)
+
+// Auditor runs audits and refunds. It is safe for concurrent use; the
+// advisory locks, not the Auditor, keep runs from overlapping, so two
+// processes are as safe as two goroutines.
+type Auditor struct {
+	cfg      Config
+	store    *Store
+	ledger   *ledger.Ledger
+	stripe   *stripeapi.Client
+	legacyRE *regexp.Regexp
+	log      *slog.Logger
+	pages    atomic.Int64
+
+	// afterLock, when set, runs once a run holds the lock: tests use it to
+	// hold a run in progress instead of sleeping.
+	afterLock func()
+}
+
+// New validates cfg, applies the defaults and builds the Stripe adapter.
+func New(cfg Config) (*Auditor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("audit config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	a := &Auditor{cfg: cfg, store: NewStore(cfg.Pool), log: cfg.Logger}
+	a.ledger = ledger.New(cfg.Pool, cfg.Clock)
+	sc := cfg.Stripe
+	sc.HTTPClient = countingClient(sc.HTTPClient, &a.pages)
+	if sc.Logger == nil {
+		sc.Logger = cfg.Logger
+	}
+	var err error
+	if a.stripe, err = stripeapi.New(sc); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	if cfg.Legacy {
+		a.legacyRE = regexp.MustCompile(cfg.LegacyPattern) // checked by Validate
+	}
+	return a, nil
+}
+
+// Store gives access to the findings.
+func (a *Auditor) Store() *Store { return a.store }
+
+// Report is what one run found.
+type Report struct {
+	RunID  int64     `json:"run_id"`
+	From   time.Time `json:"from"`
+	To     time.Time `json:"to"`
+	Period string    `json:"period,omitempty"`
+	Manual bool      `json:"manual"`
+	Legacy bool      `json:"legacy"`
+
+	ChargesScanned  int64 `json:"charges_scanned"`
+	Pages           int64 `json:"pages"`
+	PelguardCharges int64 `json:"pelguard_charges"`
+	LegacyCharges   int64 `json:"legacy_charges"`
+	LedgerCharged   int64 `json:"ledger_charged_rows"`
+
+	// Findings is everything this run detected, new or already known, in
+	// kind order; New marks the ones this run added.
+	Findings []Finding `json:"findings"`
+	// NewFindings counts the findings this run added; OpenFindings counts
+	// detected findings still open (resolved and dismissed ones are not).
+	NewFindings  int `json:"new_findings"`
+	OpenFindings int `json:"open_findings"`
+
+	Duration time.Duration `json:"duration_ns"`
+	// Refund is set when AutoRefund ran after the audit.
+	Refund *RefundReport `json:"refund,omitempty"`
+}
+
+// ExitCode is the auditor's documented status: 0 clean, 1 open findings.
+// (2, an error, is the caller's.)
+func (r Report) ExitCode() int {
+	if r.OpenFindings > 0 {
+		return 1
+	}
+	return 0
+}
+
+// Run audits one window: it lists Stripe, compares with the ledger, stores
+// the findings, alerts with the new ones and, with AutoRefund, refunds open
+// duplicates within the caps. It returns ErrLocked when another run holds
+// the lock past LockWait, ErrEmptyWindow when there is nothing to audit.
+func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
+	start := time.Now()
+	lock, err := acquireLock(ctx, a.cfg.Pool, lockRun, a.cfg.LockWait)
+	if err != nil {
+		return Report{}, err
+	}
+	defer lock.release()
+	if a.afterLock != nil {
+		a.afterLock()
+	}
+	// The window is resolved under the lock, so a run that waited for
+	// another starts from the checkpoint that one just wrote.
+	manual := w.Manual()
+	w, err = a.resolve(ctx, w)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{From: w.From, To: w.To, Period: w.Period, Manual: manual, Legacy: a.cfg.Legacy}
+	if rep.RunID, err = a.store.startRun(ctx, w, manual, a.cfg.Clock.Now()); err != nil {
+		return rep, err
+	}
+	a.log.Info("audit run started", slog.Int64("run_id", rep.RunID), slog.Time("from", w.From),
+		slog.Time("to", w.To), slog.String("period", w.Period), slog.Bool("legacy", a.cfg.Legacy))
+
+	runErr := a.audit(ctx, w, &rep)
+	rep.Duration = time.Since(start)
+	// Record the outcome even when the caller's context ended: a run left
+	// "running" would look stuck to an operator.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := a.store.finishRun(fctx, rep.RunID, rep.ChargesScanned, rep.NewFindings, runErr, a.cfg.Clock.Now()); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		a.log.Error("audit run failed", slog.Int64("run_id", rep.RunID), slog.Any("error", runErr))
+		return rep, fmt.Errorf("audit run %d: %w", rep.RunID, runErr)
+	}
+	a.log.Info("audit run finished", slog.Int64("run_id", rep.RunID), slog.Int64("charges_scanned", rep.ChargesScanned),
+		slog.Int64("pages", rep.Pages), slog.Int("findings", len(rep.Findings)), slog.Int("new_findings", rep.NewFindings),
+		slog.Int("open_findings", rep.OpenFindings), slog.Duration("duration", rep.Duration))
+	a.alert(ctx, rep)
+
+	if a.cfg.AutoRefund {
+		rr, err := a.refund(ctx, RefundOptions{MaxRefunds: a.cfg.MaxRefunds, MaxCents: a.cfg.MaxCents})
+		rep.Refund = &rr
+		if err != nil {
+			return rep, fmt.Errorf("auto-refund after run %d: %w", rep.RunID, err)
+		}
+	}
+	return rep, nil
+}
+
+// resolve turns the requested window into concrete bounds.
+func (a *Auditor) resolve(ctx context.Context, w Window) (Window, error) {
+	now := a.cfg.Clock.Now()
+	upper := now.Add(-a.cfg.SettleDelay)
+	if w.Period != "" && w.From.IsZero() && w.To.IsZero() {
+		start, err := time.Parse("2006-01", w.Period)
+		if err != nil {
+			return w, fmt.Errorf("period %q is not YYYY-MM; give --from and --to for other periods: %w", w.Period, ErrEmptyWindow)
+		}
+		w.From, w.To = start, start.AddDate(0, 1, 0).Add(a.cfg.PeriodGrace)
+		if w.To.After(upper) {
+			w.To = upper
+		}
+	}
+	if w.To.IsZero() {
+		w.To = upper
+	}
+	if w.From.IsZero() {
+		cp, ok, err := a.store.checkpoint(ctx)
+		if err != nil {
+			return w, err
+		}
+		if ok {
+			w.From = cp.Add(-a.cfg.Overlap)
+		} else {
+			w.From = w.To.Add(-a.cfg.InitialLookback)
+		}
+	}
+	w.From, w.To = w.From.UTC(), w.To.UTC()
+	if !w.From.Before(w.To) {
+		return w, fmt.Errorf("[%s, %s): %w", w.From.Format(time.RFC3339), w.To.Format(time.RFC3339), ErrEmptyWindow)
+	}
+	return w, nil
+}
+
+// audit does the work of one run and fills rep.
+func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
+	// The ledger rows charged in the window must each have their charge at
+	// Stripe; the listing crosses them off as it sees them.
+	wanted := map[string]wantedCharge{}
+	err := a.ledger.ScanCharged(ctx, w.From, w.To, func(r ledger.Record) error {
+		if w.Period == "" || r.BillingPeriod == w.Period {
+			wanted[r.ChargeID] = wantedCharge{rec: r}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the ledger's charged rows: %w", err)
+	}
+	rep.LedgerCharged = int64(len(wanted))
+
+	// A charge is created before the ledger records it, so the listing
+	// starts ChargeLag earlier than the ledger's window.
+	listFrom := w.From.Add(-a.cfg.ChargeLag)
+	c := newCollector(w.Period, a.legacyRE, wanted)
+	pagesBefore := a.pages.Load()
+	stop := a.startProgress(c, &a.pages, pagesBefore)
+	err = a.list(ctx, listFrom, w.To, c)
+	stop()
+	rep.ChargesScanned, rep.PelguardCharges, rep.LegacyCharges = c.scanned.Load(), c.pelguardN.Load(), c.legacyN.Load()
+	if err != nil {
+		return fmt.Errorf("listing Stripe charges: %w", err)
+	}
+	// Rows recorded long after their charge (a takeover that found the
+	// charge at Stripe) need a look further back before they are missing.
+	earliest := listFrom
+	for _, wc := range wanted {
+		if wc.rec.FirstAttemptAt.Before(earliest) {
+			earliest = wc.rec.FirstAttemptAt
+		}
+	}
+	if err := a.verifyMissing(ctx, earliest, listFrom, wanted); err != nil {
+		return err
+	}
+	rep.Pages = a.pages.Load() - pagesBefore
+
+	var fs []Finding
+	for _, wc := range wanted {
+		r := wc.rec
+		fs = append(fs, Finding{Kind: KindMissing, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
+			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, ChargeID: r.ChargeID,
+			IdempotencyKey: r.IdempotencyKey, AmountCents: r.AmountCents, Currency: r.Currency,
+			Detail: fmt.Sprintf("ledger recorded charge %s at %s; Stripe has no such succeeded charge",
+				r.ChargeID, r.ChargedAt.UTC().Format(time.RFC3339))})
+	}
+	pfs, err := a.pelguardFindings(ctx, c)
+	if err != nil {
+		return err
+	}
+	fs = append(fs, pfs...)
+	fs = append(fs, legacyFindings(c.legacy)...)
+	sfs, err := a.stuckFindings(ctx, w.Period)
+	if err != nil {
+		return err
+	}
+	fs = append(fs, sfs...)
+
+	slices.SortFunc(fs, func(x, y Finding) int {
+		if d := slices.Index(Kinds, x.Kind) - slices.Index(Kinds, y.Kind); d != 0 {
+			return d
+		}
+		return cmpStrings(x.Subject, y.Subject)
+	})
+	if err := a.store.insertFindings(ctx, rep.RunID, fs); err != nil {
+		return err
+	}
+	rep.Findings = fs
+	for _, f := range fs {
+		if f.New {
+			rep.NewFindings++
+		}
+		if f.State == StateOpen {
+			rep.OpenFindings++
+		}
+	}
+	return nil
+}
+
+func cmpStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (a *Auditor) stuckFindings(ctx context.Context, period string) ([]Finding, error) {
+	var fs []Finding
+	now := a.cfg.Clock.Now()
+	err := a.ledger.ScanStuckPending(ctx, now.Add(-a.cfg.StuckAfter), func(r ledger.Record) error {
+		if period != "" && r.BillingPeriod != period {
+			return nil
+		}
+		fs = append(fs, Finding{Kind: KindStuckPending, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
+			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, IdempotencyKey: r.IdempotencyKey,
+			AmountCents: r.AmountCents, Currency: r.Currency,
+			Detail: fmt.Sprintf("pending since %s (%d attempts, last error %q); nobody holds its lease",
+				r.FirstAttemptAt.UTC().Format(time.RFC3339), r.Attempts, r.LastError)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading stuck pending rows: %w", err)
+	}
+	return fs, nil
+}

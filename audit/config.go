@@ -1,0 +1,200 @@
+// Package audit is pelguard's reconciliation auditor, the last line of
+// defence: it diffs the Stripe charges created in a window against the
+// ledger, records every discrepancy in audit_findings (once: a rerun adds
+// nothing and a resolved finding stays resolved), alerts with the new ones,
+// and refunds duplicate charges when told to, never the canonical one
+// (invariant 6).
+//
+// The library is what the auditor binary, its tests and the drill call:
+// New(cfg), then Run(ctx, Window) and Refund(ctx, RefundOptions).
+package audit
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+)
+
+// Defaults applied by New.
+const (
+	// DefaultSettleDelay keeps a run away from charges still being recorded:
+	// a consumer writes the ledger after Stripe answers, so the newest
+	// minutes would otherwise look like orphans.
+	DefaultSettleDelay = 10 * time.Minute
+	// DefaultOverlap is how far each run reaches back before the previous
+	// checkpoint, so a charge created near the boundary is seen twice rather
+	// than never (findings are idempotent, so twice costs nothing).
+	DefaultOverlap = time.Hour
+	// DefaultInitialLookback is the window of the very first run.
+	DefaultInitialLookback = 7 * 24 * time.Hour
+	// DefaultChargeLag bounds how long before its ledger charged_at a
+	// charge may have been created (one Stripe call with retries); the
+	// missing-charge check lists that much before the window.
+	DefaultChargeLag = 30 * time.Minute
+	// DefaultStuckAfter is how long a pending row may sit without a live
+	// lease before it is a stuck_pending finding.
+	DefaultStuckAfter = time.Hour
+	// DefaultParallel is how many sub-windows are listed at once.
+	DefaultParallel = 4
+	// DefaultLookupBatch is how many ledger keys one query reads.
+	DefaultLookupBatch = 5000
+	// DefaultPeriodGrace is how long after its month a billing period may
+	// still be charged; Window.Period spans the month plus this.
+	DefaultPeriodGrace = 45 * 24 * time.Hour
+	// DefaultLegacyPattern matches the naive consumer's descriptions
+	// ("Usage billing for 2026-11"); its first group is the period.
+	DefaultLegacyPattern = `^Usage billing for (\S+)$`
+	// DefaultMaxRefunds and DefaultMaxCents are the per-run refund caps.
+	DefaultMaxRefunds = 10
+	// DefaultMaxCents is 1,000.00 in minor units.
+	DefaultMaxCents int64 = 100_000
+	// DefaultProgressInterval is how often progress is written.
+	DefaultProgressInterval = time.Second
+	// DefaultCommandName is how the alert spells the refund command.
+	DefaultCommandName = "auditor"
+)
+
+// Config configures an Auditor. Pool and Stripe.APIKey are required.
+type Config struct {
+	// Pool reaches the ledger and the audit tables.
+	Pool *pgxpool.Pool
+	// Stripe configures the Stripe adapter the Auditor builds (its
+	// RateLimit is the client-side limit every page waits on). The Auditor
+	// wraps Stripe.HTTPClient to count pages; it never mutates it.
+	Stripe stripeapi.Config
+	// Notifier receives one summary per run with new findings; nil sends
+	// nothing.
+	Notifier alerts.Notifier
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Clock is "now" for windows and stuck rows; nil is the wall clock.
+	Clock clock.Clock
+
+	SettleDelay     time.Duration
+	Overlap         time.Duration
+	InitialLookback time.Duration
+	ChargeLag       time.Duration
+	StuckAfter      time.Duration
+	PeriodGrace     time.Duration
+	// Parallel is the number of sub-windows listed concurrently.
+	Parallel int
+	// LookupBatch is the number of ledger keys read per query.
+	LookupBatch int
+	// LockWait is how long Run waits for another run to finish; 0 skips at
+	// once with ErrLocked.
+	LockWait time.Duration
+
+	// Legacy also audits charges without the pelguard marker, grouped by
+	// Stripe customer and billing period; only duplicates are reported.
+	Legacy bool
+	// LegacyPattern extracts the period from a legacy charge's description
+	// when its metadata has no billing_period; it must have one group.
+	LegacyPattern string
+
+	// AutoRefund refunds open duplicates at the end of each run, within
+	// MaxRefunds and MaxCents.
+	AutoRefund bool
+	MaxRefunds int
+	MaxCents   int64
+
+	// Progress, when set, receives a one-line progress report every
+	// ProgressInterval during the listing (a terminal's stderr).
+	Progress         io.Writer
+	ProgressInterval time.Duration
+	// CommandName prefixes the refund command in alerts.
+	CommandName string
+}
+
+func (c Config) withDefaults() Config {
+	c.SettleDelay = cmp.Or(c.SettleDelay, DefaultSettleDelay)
+	c.Overlap = cmp.Or(c.Overlap, DefaultOverlap)
+	c.InitialLookback = cmp.Or(c.InitialLookback, DefaultInitialLookback)
+	c.ChargeLag = cmp.Or(c.ChargeLag, DefaultChargeLag)
+	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	c.PeriodGrace = cmp.Or(c.PeriodGrace, DefaultPeriodGrace)
+	c.Parallel = cmp.Or(c.Parallel, DefaultParallel)
+	c.LookupBatch = cmp.Or(c.LookupBatch, DefaultLookupBatch)
+	c.LegacyPattern = cmp.Or(c.LegacyPattern, DefaultLegacyPattern)
+	c.MaxRefunds = cmp.Or(c.MaxRefunds, DefaultMaxRefunds)
+	c.MaxCents = cmp.Or(c.MaxCents, DefaultMaxCents)
+	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
+	c.CommandName = cmp.Or(c.CommandName, DefaultCommandName)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Clock = clock.Or(c.Clock)
+	return c
+}
+
+// Validate reports a configuration that cannot work. Stripe settings are
+// checked by the adapter when New builds it.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("a Postgres pool is required"))
+	}
+	for name, d := range map[string]time.Duration{
+		"SettleDelay": c.SettleDelay, "Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
+		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "PeriodGrace": c.PeriodGrace,
+		"LockWait": c.LockWait, "ProgressInterval": c.ProgressInterval,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
+		}
+	}
+	if c.Parallel < 0 || c.Parallel > 64 {
+		errs = append(errs, fmt.Errorf("Parallel must be between 1 and 64, got %d", c.Parallel))
+	}
+	if c.LookupBatch < 0 {
+		errs = append(errs, fmt.Errorf("LookupBatch must not be negative, got %d", c.LookupBatch))
+	}
+	if c.MaxRefunds < 0 || c.MaxCents < 0 {
+		errs = append(errs, errors.New("MaxRefunds and MaxCents must not be negative"))
+	}
+	if c.LegacyPattern != "" {
+		re, err := regexp.Compile(c.LegacyPattern)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("LegacyPattern: %w", err))
+		} else if re.NumSubexp() < 1 {
+			errs = append(errs, fmt.Errorf("LegacyPattern %q needs a group that captures the period", c.LegacyPattern))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Window is the span of charge creation times a run audits. The zero Window
+// means "from the last checkpoint (minus the overlap) to now minus the
+// settle delay".
+type Window struct {
+	From, To time.Time
+	// Period, when set, limits findings to that billing period (YYYY-MM);
+	// without From/To the window is the period's month plus PeriodGrace.
+	Period string
+}
+
+// Manual reports whether an operator chose the window: such runs do not
+// move the checkpoint.
+func (w Window) Manual() bool { return !w.From.IsZero() || !w.To.IsZero() || w.Period != "" }
+
+// Errors callers branch on.
+var (
+	// ErrLocked: another run (or refund) holds the advisory lock.
+	ErrLocked = errors.New("another audit run is in progress")
+	// ErrEmptyWindow: the window holds no time (e.g. the checkpoint is
+	// already at now minus the settle delay).
+	ErrEmptyWindow = errors.New("empty audit window")
+	// ErrNotFound: no such finding.
+	ErrNotFound = errors.New("no such finding")
+	// ErrState: the finding is not in a state that allows the change.
+	ErrState = errors.New("finding state does not allow this")
+)

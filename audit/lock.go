@@ -1,0 +1,73 @@
+package audit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Advisory lock keys. Runs and refunds take different locks: a refund may
+// run while a scheduled run lists Stripe, but two runs (which would both
+// count the same new findings and alert twice) or two refund runs (which
+// would race for the same caps) may not.
+const (
+	lockRun    int64 = 0x70656c6761756400 // "pelgaud\0"
+	lockRefund int64 = 0x70656c6761756401
+)
+
+// heldLock is a session advisory lock on a dedicated connection: session
+// locks belong to the connection, so it must not return to the pool while
+// held.
+type heldLock struct {
+	conn *pgxpool.Conn
+	key  int64
+}
+
+// acquireLock takes key, waiting up to wait (0: not at all). It returns
+// ErrLocked when someone else still holds it.
+func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int64, wait time.Duration) (*heldLock, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquiring a connection for the audit lock: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+			conn.Release()
+			return nil, fmt.Errorf("taking the audit lock: %w", err)
+		}
+		if ok {
+			return &heldLock{conn: conn, key: key}, nil
+		}
+		if !time.Now().Before(deadline) {
+			conn.Release()
+			return nil, ErrLocked
+		}
+		// Polling rather than a blocking pg_advisory_lock: cancelling a
+		// blocked query makes pgx close the connection, and a poll also
+		// honours the deadline exactly.
+		t := time.NewTimer(min(time.Until(deadline), 200*time.Millisecond+rand.N(100*time.Millisecond)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			conn.Release()
+			return nil, fmt.Errorf("waiting for the audit lock: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// release unlocks and returns the connection. If the unlock fails the
+// connection is closed instead, which releases the lock server-side.
+func (l *heldLock) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, l.key); err != nil {
+		_ = l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
+}

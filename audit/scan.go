@@ -1,0 +1,270 @@
+package audit
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+)
+
+// entry is what grouping needs of one succeeded charge, and nothing more:
+// a 100,000-charge window is held as these, never as full Stripe objects.
+type entry struct {
+	id             string
+	created        int64
+	amount         int64
+	refunded       int64
+	currency       string
+	stripeCustomer string
+	idemKey        string
+}
+
+// net is what the charge still holds: a fully refunded charge is not a
+// duplicate, a partly refunded one still is (for the remainder).
+func (e entry) net() int64 { return e.amount - e.refunded }
+
+func byCreated(a, b entry) int {
+	return cmp.Or(cmp.Compare(a.created, b.created), cmp.Compare(a.id, b.id))
+}
+
+// groupKey is (ledger customer id, period) for pelguard charges and
+// (Stripe customer id, period) for legacy ones.
+type groupKey struct{ customer, period string }
+
+// wantedCharge is a ledger row charged in the window whose charge the
+// listing has not shown yet (a missing_charge candidate).
+type wantedCharge struct {
+	rec ledger.Record
+}
+
+// collector receives the listing's charges from every sub-window.
+type collector struct {
+	period   string
+	legacyRE *regexp.Regexp // nil unless --legacy
+
+	mu       sync.Mutex
+	pelguard map[groupKey][]entry
+	legacy   map[groupKey][]entry
+	// unkeyed are marked charges without customer/period metadata: the
+	// ledger cannot be asked about them, so each is an orphan.
+	unkeyed []entry
+	wanted  map[string]wantedCharge
+
+	scanned, pelguardN, legacyN atomic.Int64
+}
+
+func newCollector(period string, legacyRE *regexp.Regexp, wanted map[string]wantedCharge) *collector {
+	return &collector{
+		period: period, legacyRE: legacyRE, wanted: wanted,
+		pelguard: map[groupKey][]entry{}, legacy: map[groupKey][]entry{},
+	}
+}
+
+// add files one page of charges under the collector's lock (one lock per
+// page rather than per charge keeps parallel listers from contending).
+func (c *collector) add(page []stripeapi.Charge) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range page {
+		ch := &page[i]
+		if ch.Status != "succeeded" {
+			continue
+		}
+		delete(c.wanted, ch.ID)
+		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
+			currency: ch.Currency, stripeCustomer: ch.StripeCustomerID}
+		md := ch.Metadata
+		if stripeapi.IsPelguard(md) {
+			c.pelguardN.Add(1)
+			k := groupKey{md[stripeapi.MetaCustomerID], md[stripeapi.MetaBillingPeriod]}
+			if c.period != "" && k.period != c.period {
+				continue
+			}
+			e.idemKey = md[stripeapi.MetaIdempotencyKey]
+			if k.customer == "" || k.period == "" {
+				c.unkeyed = append(c.unkeyed, e)
+				continue
+			}
+			c.pelguard[k] = append(c.pelguard[k], e)
+			continue
+		}
+		if c.legacyRE == nil || ch.StripeCustomerID == "" {
+			continue
+		}
+		period := md[stripeapi.MetaBillingPeriod]
+		if period == "" {
+			m := c.legacyRE.FindStringSubmatch(ch.Description)
+			if len(m) < 2 || m[1] == "" {
+				continue
+			}
+			period = m[1]
+		}
+		if c.period != "" && period != c.period {
+			continue
+		}
+		c.legacyN.Add(1)
+		k := groupKey{ch.StripeCustomerID, period}
+		c.legacy[k] = append(c.legacy[k], e)
+	}
+}
+
+// subWindows splits [from, to) into n contiguous parts on whole seconds
+// (Stripe's created filter has one-second resolution, so parts that share
+// a boundary second would list its charges twice or not at all).
+func subWindows(from, to time.Time, n int) [][2]time.Time {
+	lo, hi := from.Unix(), to.Unix()
+	if to.Nanosecond() > 0 {
+		hi++
+	}
+	if from.Nanosecond() > 0 {
+		lo++
+	}
+	span := hi - lo
+	if span <= 0 {
+		return nil
+	}
+	n = int(min(int64(n), span))
+	out := make([][2]time.Time, 0, n)
+	for i := range n {
+		a := lo + span*int64(i)/int64(n)
+		b := lo + span*int64(i+1)/int64(n)
+		out = append(out, [2]time.Time{time.Unix(a, 0).UTC(), time.Unix(b, 0).UTC()})
+	}
+	return out
+}
+
+// list streams every charge created in [from, to) into c, Parallel
+// sub-windows at a time.
+func (a *Auditor) list(ctx context.Context, from, to time.Time, c *collector) error {
+	g := newGroup(ctx)
+	for _, w := range subWindows(from, to, a.cfg.Parallel) {
+		g.Go(func(ctx context.Context) error {
+			page := make([]stripeapi.Charge, 0, 100)
+			err := a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
+				// Keep the slice but drop the metadata map and description
+				// references as soon as the page is filed.
+				page = append(page, ch)
+				if len(page) == cap(page) {
+					c.add(page)
+					c.scanned.Add(int64(len(page)))
+					clear(page)
+					page = page[:0]
+				}
+				return nil
+			})
+			c.add(page)
+			c.scanned.Add(int64(len(page)))
+			return err
+		})
+	}
+	return g.Wait()
+}
+
+// countingTransport counts list pages for the progress line and the report.
+type countingTransport struct {
+	next  http.RoundTripper
+	pages *atomic.Int64
+}
+
+func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodGet && r.URL.Path == "/v1/charges" {
+		t.pages.Add(1)
+	}
+	return t.next.RoundTrip(r)
+}
+
+func countingClient(base *http.Client, pages *atomic.Int64) *http.Client {
+	var hc http.Client
+	var rt http.RoundTripper
+	if base != nil {
+		hc = *base
+		rt = base.Transport
+	}
+	if rt == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		// Parallel listers talk to one host; the default of 2 idle
+		// connections per host would reconnect for most pages.
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 128, 128
+		rt = t
+	}
+	hc.Transport = countingTransport{next: rt, pages: pages}
+	return &hc
+}
+
+// verifyMissing lists [from, to) once more for charges the ledger recorded
+// long after they were created (a takeover past the 24 h key window records
+// the charge it found at Stripe), and removes them from wanted.
+func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted map[string]wantedCharge) error {
+	if len(wanted) == 0 || !from.Before(to) {
+		return nil
+	}
+	var mu sync.Mutex
+	g := newGroup(ctx)
+	for _, w := range subWindows(from, to, a.cfg.Parallel) {
+		g.Go(func(ctx context.Context) error {
+			return a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
+				if ch.Status == "succeeded" {
+					mu.Lock()
+					delete(wanted, ch.ID)
+					mu.Unlock()
+				}
+				return nil
+			})
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("verifying missing charges: %w", err)
+	}
+	return nil
+}
+
+// sortedGroup returns the group's billable charges, oldest first.
+func billable(es []entry) []entry {
+	out := make([]entry, 0, len(es))
+	for _, e := range es {
+		if e.net() > 0 {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, byCreated)
+	return out
+}
+
+// group runs functions concurrently and returns the first error, cancelling
+// the others' context when one fails (errgroup, without a new dependency).
+type group struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+}
+
+func newGroup(ctx context.Context) *group {
+	ctx, cancel := context.WithCancel(ctx)
+	return &group{ctx: ctx, cancel: cancel}
+}
+
+func (g *group) Go(fn func(ctx context.Context) error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := fn(g.ctx); err != nil {
+			g.once.Do(func() { g.err = err; g.cancel() })
+		}
+	}()
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
