@@ -1,0 +1,365 @@
+// Package reaper recovers what dead consumers leave in a billing stream's
+// pending entries list, without ever claiming an entry a live consumer is
+// still working on.
+//
+// It replaces the naive "stuck message" monitor that XAUTOCLAIMs anything
+// idle longer than N ms: that monitor is how "reclaim while in flight" turns
+// a slow Stripe call into a second charge. Per pass (DESIGN.md "Reaper, per
+// pass"), for every configured stream:
+//
+//  1. XPENDING … IDLE <min-idle>, paged;
+//  2. bodies by pipelined XRANGE id id, ledger rows for the page in one query;
+//  3. a decision per entry: body gone → ack; invalid → dead letter + ack;
+//     ledger terminal → ack without redelivery ("partial batch", "AOF
+//     rollback"); live ledger lease → skip; too many deliveries → dead letter
+//     + ack + alert; otherwise XCLAIM with the same min-idle (the fence
+//     against heartbeats and other reapers) and re-drive through the
+//     consumer's own Processor.
+//
+// The reaper never uses XAUTOCLAIM: a claim must be preceded by the ledger
+// check, entry by entry.
+package reaper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/ledger"
+)
+
+// Defaults.
+const (
+	// DefaultMinIdle matches the seeds' monitor. It must exceed the
+	// consumers' heartbeat interval (their lease/3) by a wide margin, so a
+	// live consumer's entry never even looks idle.
+	DefaultMinIdle       = 60 * time.Second
+	DefaultInterval      = 15 * time.Second
+	DefaultPageSize      = 1000
+	DefaultMaxDeliveries = 10
+	DefaultWorkers       = 8
+	// DefaultConsumerIdle: consumers silent for a day with nothing pending
+	// are removed from the group. Zero in Config means this default; a
+	// negative value disables hygiene.
+	DefaultConsumerIdle = 24 * time.Hour
+)
+
+// StreamGroup is one stream and the consumer group the reaper tends on it.
+type StreamGroup struct {
+	Stream string
+	Group  string
+}
+
+func (s StreamGroup) String() string { return s.Stream + "/" + s.Group }
+
+// Config configures a Reaper.
+type Config struct {
+	Redis  redis.UniversalClient // required
+	Ledger *ledger.Ledger        // required
+	// Stripe is the re-drive's Stripe adapter; required unless DryRun.
+	Stripe consumer.Stripe
+
+	Streams []StreamGroup // required, at least one
+
+	// Name is the consumer name the reaper claims to. Empty: "reaper-" plus
+	// a unique per-process name, so two reapers never share a PEL.
+	Name string
+	// MinIdle: only entries idle at least this long are considered, and the
+	// XCLAIM uses the same value as its fence.
+	MinIdle time.Duration
+	// Interval between passes when started with Start.
+	Interval time.Duration
+	// PageSize is the XPENDING COUNT, and the size of each ledger query.
+	PageSize int64
+	// MaxDeliveries: an entry delivered this many times goes to the dead
+	// letter stream (with an alert) instead of another re-drive.
+	MaxDeliveries int64
+	// Workers bounds the re-drives running at once, so a slow Stripe costs
+	// a pass Workers calls in parallel rather than one after another.
+	Workers int
+	// ConsumerIdle: consumers idle longer than this with nothing pending are
+	// removed from the group. Zero means DefaultConsumerIdle; negative
+	// disables removal.
+	ConsumerIdle time.Duration
+	// DryRun decides and reports every entry but changes nothing: no ack, no
+	// claim, no dead letter, no ledger write, no Stripe call, no alert.
+	DryRun bool
+
+	// The re-drive's processing settings; see consumer.Config. They must
+	// match the consumers' (Namespace above all: it is in the idempotency key).
+	Namespace     string
+	Lease         time.Duration
+	SafeKeyWindow time.Duration
+	RequireCap    bool
+	Rules         event.Rules
+
+	// OnDecision, if set, is called for every decision, from the pass's
+	// goroutine and from re-drive goroutines: it must be safe for concurrent
+	// use. cmd/reaper prints dry-run decisions through it.
+	OnDecision func(Decision)
+
+	Notifier        alerts.Notifier   // default: log-only
+	Metrics         *Metrics          // optional
+	ConsumerMetrics *consumer.Metrics // optional: the re-drive's consumer series
+	Logger          *slog.Logger      // default: discard
+	Clock           clock.Clock       // default: wall clock; judges ledger leases
+}
+
+func (c *Config) setDefaults() {
+	c.Name = cmp.Or(c.Name, "reaper-"+consumer.UniqueName())
+	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.ConsumerIdle = cmp.Or(c.ConsumerIdle, DefaultConsumerIdle)
+	c.Namespace = cmp.Or(c.Namespace, consumer.DefaultNamespace)
+	c.Lease = cmp.Or(c.Lease, consumer.DefaultLease)
+	c.SafeKeyWindow = cmp.Or(c.SafeKeyWindow, consumer.DefaultSafeKeyWindow)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Notifier == nil {
+		c.Notifier = alerts.NewLog(c.Logger)
+	}
+	c.Clock = clock.Or(c.Clock)
+}
+
+// Validate reports the first configuration error, naming the fix. It
+// expects defaults to have been applied (New does).
+func (c *Config) Validate() error {
+	switch {
+	case c.Redis == nil:
+		return errors.New("reaper: Redis client is required")
+	case c.Ledger == nil:
+		return errors.New("reaper: ledger is required")
+	case c.Stripe == nil && !c.DryRun:
+		return errors.New("reaper: Stripe client is required (only --dry-run runs without one)")
+	case len(c.Streams) == 0:
+		return errors.New("reaper: at least one --stream is required")
+	case c.MinIdle < time.Millisecond:
+		return fmt.Errorf("reaper: --min-idle %s must be at least 1ms (it is the XCLAIM fence)", c.MinIdle)
+	case c.Interval <= 0:
+		return fmt.Errorf("reaper: --interval %s must be positive", c.Interval)
+	case c.PageSize < 1 || c.PageSize > 10_000:
+		return fmt.Errorf("reaper: --page-size %d must be between 1 and 10000", c.PageSize)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("reaper: --max-deliveries %d must be at least 1", c.MaxDeliveries)
+	case c.Workers < 1 || c.Workers > 256:
+		return fmt.Errorf("reaper: --workers %d must be between 1 and 256", c.Workers)
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Streams {
+		if s.Stream == "" || s.Group == "" {
+			return fmt.Errorf("reaper: stream %q needs a name and a group", s.String())
+		}
+		if seen[s.Stream] {
+			// One group per stream: two Processors on one stream under the
+			// same consumer name would fight over the same holds.
+			return fmt.Errorf("reaper: stream %q is configured twice (one group per stream)", s.Stream)
+		}
+		seen[s.Stream] = true
+	}
+	return nil
+}
+
+// Reaper recovers abandoned entries. Drive it with Start/Stop, or call
+// RunOnce for one pass.
+type Reaper struct {
+	cfg     Config
+	streams []*streamState
+
+	// passMu serialises passes: the in-flight set and the worker slots
+	// assume one dispatcher.
+	passMu sync.Mutex
+	// slots bounds concurrent re-drives.
+	slots chan struct{}
+	// redrives tracks every re-drive goroutine, for Stop and RunOnce.
+	redrives sync.WaitGroup
+
+	mu       sync.Mutex
+	inFlight map[string]bool // stream + "\x00" + id
+	started  bool
+	stopped  bool
+	cancel   context.CancelFunc // stops the loop
+	cancelW  context.CancelFunc // cancels re-drives in progress
+	done     chan struct{}
+}
+
+type streamState struct {
+	StreamGroup
+	proc *consumer.Processor // nil in dry-run
+}
+
+// New validates cfg and builds a Reaper.
+func New(cfg Config) (*Reaper, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MinIdle <= cfg.Lease/3 {
+		// Legal (tests do it), but then the re-drive's own heartbeat (every
+		// Lease/3) cannot keep its entries from looking idle to other reapers:
+		// the ledger lease is left as the only fence.
+		cfg.Logger.Warn("reaper: --min-idle is not above the re-drive heartbeat interval (lease/3)",
+			slog.Duration("min_idle", cfg.MinIdle), slog.Duration("lease", cfg.Lease))
+	}
+	r := &Reaper{
+		cfg:      cfg,
+		slots:    make(chan struct{}, cfg.Workers),
+		inFlight: map[string]bool{},
+		done:     make(chan struct{}),
+	}
+	for _, sg := range cfg.Streams {
+		st := &streamState{StreamGroup: sg}
+		if !cfg.DryRun {
+			// One Processor per stream: its Config names the stream and
+			// group, and it acts under the reaper's own consumer name, the
+			// name the XCLAIM hands entries to.
+			p, err := consumer.NewProcessor(consumer.Config{
+				Redis: cfg.Redis, Ledger: cfg.Ledger, Stripe: cfg.Stripe,
+				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
+				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
+				RequireCap: cfg.RequireCap, Rules: cfg.Rules,
+				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("reaper: building the re-drive processor for %s: %w", sg, err)
+			}
+			st.proc = p
+		}
+		r.streams = append(r.streams, st)
+	}
+	return r, nil
+}
+
+// Name is the consumer name the reaper claims entries to.
+func (r *Reaper) Name() string { return r.cfg.Name }
+
+// ErrAlreadyStarted is returned by a second Start.
+var ErrAlreadyStarted = errors.New("reaper: already started")
+
+// ErrStopped is returned by Start after Stop.
+var ErrStopped = errors.New("reaper: stopped")
+
+// Start runs a pass at once and then every Interval, in the background,
+// until Stop. The passes do not wait for their re-drives: those run on up to
+// Workers goroutines, and the next pass skips entries still in flight.
+func (r *Reaper) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.started:
+		return ErrAlreadyStarted
+	case r.stopped:
+		return ErrStopped
+	}
+	r.started = true
+	// Re-drives outlive the caller's ctx on purpose: once a Stripe call is
+	// made its outcome must be recorded. Only Stop's deadline cancels them.
+	workCtx, cancelW := context.WithCancel(context.WithoutCancel(ctx))
+	loopCtx, cancel := context.WithCancel(workCtx)
+	r.cancel, r.cancelW = cancel, cancelW
+	stopHB := r.runHeartbeats(workCtx)
+	go func() {
+		defer close(r.done)
+		defer stopHB()
+		r.loop(loopCtx, workCtx)
+		r.redrives.Wait()
+	}()
+	return nil
+}
+
+// Stop ends the loop and waits for re-drives in progress to finish (their
+// Stripe calls and ledger writes complete). If ctx ends first, re-drives are
+// cancelled (their entries stay pending, safe to redeliver) and ctx's error is
+// returned. Stop is idempotent and safe before Start.
+func (r *Reaper) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	r.stopped = true
+	started := r.started
+	r.mu.Unlock()
+	if !started {
+		return nil
+	}
+	r.cancel()
+	select {
+	case <-r.done:
+		r.cancelW()
+		return nil
+	case <-ctx.Done():
+		r.cancelW()
+		<-r.done
+		return ctx.Err()
+	}
+}
+
+func (r *Reaper) loop(ctx, workCtx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := r.runOnce(ctx, workCtx, nil); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "reaper pass failed; retrying next interval", slog.Any("error", err))
+		}
+		t.Reset(r.cfg.Interval)
+	}
+}
+
+// runHeartbeats keeps the re-drive processors' holds alive until the
+// returned func is called.
+func (r *Reaper) runHeartbeats(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, st := range r.streams {
+		if st.proc == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st.proc.RunHeartbeat(ctx)
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// RunOnce runs one pass over every stream and waits for the re-drives it
+// started, counting their outcomes. It is what --once, the drill and tests
+// use; it may be called without Start.
+func (r *Reaper) RunOnce(ctx context.Context) (PassSummary, error) {
+	// The heartbeat runs for this call alone; with Start also running, two
+	// heartbeats renew the same holds, which is harmless.
+	stopHB := r.runHeartbeats(ctx)
+	defer stopHB()
+	var wg sync.WaitGroup // runOnce waits on it before summing up
+	return r.runOnce(ctx, ctx, &wg)
+}
+
+func (r *Reaper) decide(d Decision) {
+	r.cfg.Metrics.decision(d.Stream, d.Kind)
+	if r.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		r.cfg.Logger.Debug("reaper decision",
+			slog.String("stream", d.Stream), slog.String("id", d.ID), slog.String("kind", string(d.Kind)),
+			slog.String("consumer", d.Consumer), slog.Duration("idle", d.Idle), slog.Int64("deliveries", d.Deliveries),
+			slog.String("key", d.Key), slog.String("reason", d.Reason), slog.String("outcome", string(d.Outcome)),
+			slog.String("error", d.Error), slog.Bool("dry_run", d.DryRun))
+	}
+	if r.cfg.OnDecision != nil {
+		r.cfg.OnDecision(d)
+	}
+}
