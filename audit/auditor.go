@@ -41,9 +41,6 @@ func New(cfg Config) (*Auditor, error) {
 	a.ledger = ledger.New(cfg.Pool, cfg.Clock)
 	sc := cfg.Stripe
 	sc.HTTPClient = countingClient(sc.HTTPClient, &a.pages)
-	if sc.Logger == nil {
-		sc.Logger = cfg.Logger
-	}
 	var err error
 	if a.stripe, err = stripeapi.New(sc); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
