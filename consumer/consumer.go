@@ -76,6 +76,12 @@ type Config struct {
 	Logger      *slog.Logger                 // default: discard
 	Clock       clock.Clock                  // default: wall clock
 
+	// AfterStripeReply, if set, runs after Stripe has answered a charge and
+	// before the outcome is written: the window where a killed process leaves
+	// a charge the ledger has not recorded. The drill and the tests kill the
+	// process here; production leaves it nil.
+	AfterStripeReply func()
+
 	// DisableHeartbeat is for tests that prove the other defences hold
 	// without it. Never set it in production.
 	DisableHeartbeat bool
@@ -289,8 +295,9 @@ func (c *Consumer) handle(j job) {
 // readLoop reads batches and hands every entry to a worker. With a pinned
 // name it first drains its own PEL ("0"), then reads new entries (">").
 func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) error {
+	draining := c.cfg.pinned
 	cursor := ">"
-	if c.cfg.pinned {
+	if draining {
 		cursor = "0"
 	}
 	backoff := 100 * time.Millisecond
@@ -326,9 +333,12 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		for _, s := range res {
 			msgs = append(msgs, s.Messages...)
 		}
-		if cursor == "0" && len(msgs) == 0 {
-			cursor = ">" // own PEL drained
-			continue
+		if draining {
+			if len(msgs) == 0 {
+				draining, cursor = false, ">" // own PEL drained: read new entries
+				continue
+			}
+			cursor = msgs[len(msgs)-1].ID // continue after the last own entry
 		}
 		// Every entry of the batch is in our PEL from this moment: hold them
 		// all (the heartbeat covers entries still waiting for a worker).
@@ -349,9 +359,6 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 				}
 				return readCtx.Err()
 			}
-		}
-		if cursor == "0" {
-			cursor = msgs[len(msgs)-1].ID // continue after the last own entry
 		}
 	}
 	return readCtx.Err()

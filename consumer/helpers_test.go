@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -149,7 +150,9 @@ func (b *bundle) pending(t *testing.T) int64 {
 
 // charges is the number of succeeded, unrefunded charges at the emulator for
 // an event's (customer, period): the money-safety count.
-func (b *bundle) charges(e event.Event) int { return b.sim.SucceededCharges(e.CustomerID, e.BillingPeriod) }
+func (b *bundle) charges(e event.Event) int {
+	return b.sim.SucceededCharges(e.CustomerID, e.BillingPeriod)
+}
 
 func (b *bundle) record(t *testing.T, e event.Event) ledger.Record {
 	t.Helper()
@@ -198,3 +201,5 @@ func processor(t *testing.T, cfg consumer.Config) *consumer.Processor {
 	go p.RunHeartbeat(ctx)
 	return p
 }
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

@@ -172,6 +172,9 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 		Metadata:         stripeapi.PelguardMetadata(rec.CustomerID, rec.BillingPeriod, rec.IdempotencyKey),
 	})
 	p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
+	if p.cfg.AfterStripeReply != nil {
+		p.cfg.AfterStripeReply()
+	}
 	switch {
 	case err == nil:
 		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch.ID}, OutcomeCharged)

@@ -133,11 +133,13 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 		return Claim{}, fmt.Errorf("locking billing record %s: %w", k, err)
 	}
 	switch {
-	case rec.Status.Terminal():
-		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
 	case rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents ||
 		rec.Currency != ev.Currency || rec.IdempotencyKey != req.IdempotencyKey:
+		// Checked before the terminal state: acking a different event as
+		// "already billed" would silently drop it.
 		return Claim{Decision: Conflict, Record: rec}, nil
+	case rec.Status.Terminal():
+		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
 	case rec.LeaseLive(now) && rec.LeaseOwner != req.Owner:
 		return Claim{Decision: Busy, Record: rec}, nil
 	}

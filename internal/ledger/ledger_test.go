@@ -140,6 +140,18 @@ func TestConflictingEvent(t *testing.T) {
 	if err != nil || c.Decision != ledger.Conflict || c.Record.AmountCents != 100 {
 		t.Fatalf("%+v %v", c, err)
 	}
+	// Also once the row is terminal: a different event is never acked as
+	// "already billed".
+	c0, _ := b.l.Reserve(ctx, req(ev("c2", 100), "A"))
+	if _, err := b.l.Finish(ctx, c0.Record, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: "ch_c2"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := b.l.Reserve(ctx, req(ev("c2", 100), "B")); c.Decision != ledger.AlreadyTerminal {
+		t.Fatalf("same event again: %v", c.Decision)
+	}
+	if c, _ := b.l.Reserve(ctx, req(ev("c2", 101), "B")); c.Decision != ledger.Conflict {
+		t.Fatalf("different amount on a charged row: %v", c.Decision)
+	}
 }
 
 // Two goroutines reserving the same key: exactly one wins.

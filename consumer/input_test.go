@@ -1,0 +1,177 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/testenv"
+)
+
+// Bad input gets a clear reason and loses nothing: every invalid entry lands
+// in <stream>:dead with its original fields and the reason, is acked, and the
+// loop goes on to charge the good event behind them.
+func TestBadPayloadsGoToDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	p := func(s string) map[string]any { return map[string]any{"payload": s} }
+	bad := []struct {
+		values map[string]any
+		reason string
+	}{
+		{p(`not json`), event.ReasonNotJSON},
+		{p(`[1,2,3]`), event.ReasonNotObject},
+		{p(``), event.ReasonMissingPayload},
+		{map[string]any{"body": `{"customer_id":"c"}`}, event.ReasonMissingPayload},
+		{p(`{"stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"2026-11"}`), event.ReasonMissingField},
+		{p(`{"customer_id":"","stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"2026-11"}`), event.ReasonEmptyField},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":0,"billing_period":"2026-11"}`), event.ReasonAmountTooSmall},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":-5,"billing_period":"2026-11"}`), event.ReasonAmountTooSmall},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":25.5,"billing_period":"2026-11"}`), event.ReasonBadAmount},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":"2500","billing_period":"2026-11"}`), event.ReasonBadFieldType},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":999999999999,"billing_period":"2026-11"}`), event.ReasonAmountTooLarge},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"2026-11","currency":"euro"}`), event.ReasonBadCurrency},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"last month"}`), event.ReasonBadPeriod},
+		{p(`{"customer_id":"c","stripe_customer_id":"acct_1","amount_cents":1,"billing_period":"2026-11"}`), event.ReasonBadStripeCust},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":1,"amount_cents":900,"billing_period":"2026-11"}`), event.ReasonDuplicateField},
+		{p(`{"customer_id":"c","stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"2026-11","x":"` + strings.Repeat("y", 5000) + `"}`), event.ReasonPayloadTooLarge},
+		{p(`{"customer_id":["c"],"stripe_customer_id":"cus_A","amount_cents":1,"billing_period":"2026-11"}`), event.ReasonBadFieldType},
+	}
+	ids := map[string]string{}
+	for _, tc := range bad {
+		ids[b.addRaw(t, tc.values)] = tc.reason
+	}
+	good := ev(7)
+	b.add(t, good)
+	start(t, b.config(t, ""))
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(good) == ledger.StatusCharged && b.pending(t) == 0 },
+		"the good event behind the bad ones is charged and everything acked")
+	dl := deadLetters(t, b)
+	if len(dl) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dl), len(bad))
+	}
+	for _, m := range dl {
+		src, _ := m.Values["source_id"].(string)
+		want, ok := ids[src]
+		if !ok {
+			t.Fatalf("dead letter for unknown source %q", src)
+		}
+		if m.Values["reason"] != want {
+			t.Errorf("%s: reason %v, want %s (detail %v)", src, m.Values["reason"], want, m.Values["detail"])
+		}
+		if m.Values["group"] != b.group || m.Values["detail"] == "" {
+			t.Errorf("%s: dead letter lacks group or detail: %v", src, m.Values)
+		}
+		if _, hasPayload := m.Values["payload"]; !hasPayload {
+			if _, hasBody := m.Values["body"]; !hasBody {
+				t.Errorf("%s: the original fields were not kept", src)
+			}
+		}
+	}
+	if b.sim.ChargeCreates() != 1 {
+		t.Fatalf("%d charge creates, want 1", b.sim.ChargeCreates())
+	}
+}
+
+// A conflicting event (same customer and period, another amount) is not a
+// second charge: it is dead-lettered for a human.
+func TestConflictingEventDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	first := ev(1)
+	second := first
+	second.AmountCents = 99_999
+	b.add(t, first)
+	start(t, b.config(t, ""))
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(first) == ledger.StatusCharged }, "first charged")
+	b.add(t, second)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 1 && b.pending(t) == 0 }, "second dead-lettered")
+	if dl := deadLetters(t, b); dl[0].Values["reason"] != consumer.ReasonConflict {
+		t.Fatalf("reason %v", dl[0].Values["reason"])
+	}
+	if n := b.charges(first); n != 1 {
+		t.Fatalf("%d charges", n)
+	}
+}
+
+// A spend cap is never passed: the event that would pass it is not charged
+// but dead-lettered with reason spend_cap, replayable once the cap is raised.
+func TestSpendCapDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	ctx := context.Background()
+	if _, err := b.ledger.SetCap(ctx, "2026-11", 2500); err != nil {
+		t.Fatal(err)
+	}
+	evs := []event.Event{ev(1), ev(2), ev(3)} // 1001 + 1002 + 1003 cents
+	b.add(t, evs...)
+	cfg := b.config(t, "")
+	cfg.Workers = 1
+	c1 := start(t, cfg)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 1 && b.pending(t) == 0 }, "third dead-lettered")
+	if dl := deadLetters(t, b); dl[0].Values["reason"] != consumer.ReasonSpendCap {
+		t.Fatalf("reason %v", dl[0].Values["reason"])
+	}
+	if b.sim.ChargeCreates() != 2 || b.charges(evs[2]) != 0 {
+		t.Fatalf("creates %d; the capped event must not be charged", b.sim.ChargeCreates())
+	}
+	if err := c1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// --require-cap: a period without a cap is refused outright.
+	cfg2 := b.config(t, "")
+	cfg2.RequireCap = true
+	other := event.Event{CustomerID: "c_x", StripeCustomerID: "cus_x", AmountCents: 5, BillingPeriod: "2026-12", Currency: "usd"}
+	b.add(t, other)
+	start(t, cfg2)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 2 && b.pending(t) == 0 }, "uncapped period refused")
+	if dl := deadLetters(t, b); dl[1].Values["reason"] != consumer.ReasonNoSpendCap {
+		t.Fatalf("reason %v", dl[1].Values["reason"])
+	}
+}
+
+// SIGTERM during a Stripe call: reading stops, the call finishes and is
+// recorded and acked, Stop returns nil.
+func TestShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	_ = b.sim.SetFaults(simLatency(800 * time.Millisecond))
+	e := ev(1)
+	b.add(t, e)
+	c, err := consumer.New(b.config(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusPending }, "call in flight")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if b.status(e) != ledger.StatusCharged || b.pending(t) != 0 || b.charges(e) != 1 {
+		t.Fatalf("after Stop: status %s pending %d charges %d", b.status(e), b.pending(t), b.charges(e))
+	}
+	// A deadline shorter than the call: Stop returns the deadline error, the
+	// entry stays pending (safe to redeliver), nothing is lost.
+	e2 := ev(2)
+	b.add(t, e2)
+	c2 := start(t, b.config(t, ""))
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e2) == ledger.StatusPending }, "second call in flight")
+	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if err := c2.Stop(short); err == nil {
+		t.Fatal("Stop should report its deadline")
+	}
+	if b.status(e2) == ledger.StatusCharged && b.pending(t) == 0 {
+		t.Log("the call happened to finish inside the deadline")
+	} else if b.pending(t) != 1 {
+		t.Fatalf("a cut-short event must stay pending, pending=%d", b.pending(t))
+	}
+}
