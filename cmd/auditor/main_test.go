@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testenv"
+)
+
+func call(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestBadFlagsExit2(t *testing.T) {
+	t.Parallel()
+	cases := map[string][]string{
+		"unknown flag":       {"--bogus"},
+		"unknown command":    {"frobnicate"},
+		"bad --from":         {"--from", "yesterday", "--stripe-key", "sk_test_x"},
+		"refund without id":  {"refund", "--stripe-key", "sk_test_x"},
+		"refund id and all":  {"refund", "3", "--all", "--stripe-key", "sk_test_x"},
+		"bad finding id":     {"resolve", "abc"},
+		"bad kind":           {"findings", "--kind", "nope"},
+		"schedule with from": {"--schedule", "@hourly", "--from", "2026-11-01", "--stripe-key", "sk_test_x"},
+		"no stripe key":      {"--stripe-key", "", "--database-url", "postgres://127.0.0.1:1/x"},
+		"bad log level":      {"findings", "--log-level", "loud"},
+	}
+	for name, args := range cases {
+		code, _, stderr := call(args...)
+		if code != 2 || !strings.Contains(stderr, "auditor") {
+			t.Errorf("%s: exit %d, stderr %q", name, code, stderr)
+		}
+	}
+}
+
+func TestUnreachableDependenciesExit2(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := call("--database-url", "postgres://auditor:s3cretpw@127.0.0.1:1/x?sslmode=disable", "--stripe-key", "sk_test_x")
+	if code != 2 || !strings.Contains(stderr, "Postgres") || strings.Contains(stderr, "s3cretpw") {
+		t.Fatalf("unreachable Postgres: exit %d, %q", code, stderr)
+	}
+	_, url := testenv.DBWithURL(t)
+	code, _, stderr = call("--database-url", url, "--stripe-key", "sk_test_abcdefgh12345", "--stripe-api-base", "http://127.0.0.1:1",
+		"--stripe-retries", "0", "--from", "2026-11-01", "--to", "2026-11-02")
+	if code != 2 || !strings.Contains(stderr, "listing") || strings.Contains(stderr, "sk_test_abcdefgh12345") {
+		t.Fatalf("unreachable Stripe: exit %d, %q", code, stderr)
+	}
+}
+
+func TestAuditRefundResolveEndToEnd(t *testing.T) {
+	t.Parallel()
+	pool, url := testenv.DBWithURL(t)
+	sim := stripesim.MustNew(stripesim.Config{})
+	t.Cleanup(sim.Close)
+	at := time.Now().Add(-2 * time.Hour).Truncate(time.Second)
+	md := stripeapi.PelguardMetadata("c1", "2026-11", "k1")
+	canon := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_1", Amount: 2500, Created: at, Metadata: md}).ID
+	dup := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_1", Amount: 2500, Created: at.Add(time.Minute), Metadata: md}).ID
+	orphan := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_2", Amount: 900, Created: at,
+		Metadata: stripeapi.PelguardMetadata("c2", "2026-11", "k2")}).ID
+	l := ledger.New(pool, clock.NewSim(at))
+	if _, err := l.SeedForTest(context.Background(), []ledger.Record{{Key: ledger.Key{CustomerID: "c1", BillingPeriod: "2026-11"},
+		StripeCustomerID: "cus_1", AmountCents: 2500, IdempotencyKey: "k1", ChargeID: canon, ChargedAt: at.Add(time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--database-url", url, "--stripe-key", "sk_test_x", "--stripe-api-base", sim.URL()}
+	window := []string{"--from", at.Add(-time.Hour).Format(time.RFC3339), "--to", at.Add(time.Hour).Format(time.RFC3339)}
+
+	code, out, stderr := call(append(append([]string{"run", "--json"}, base...), window...)...)
+	if code != 1 {
+		t.Fatalf("audit: exit %d, %s", code, stderr)
+	}
+	var rep struct {
+		Findings []struct {
+			ID      int64  `json:"id"`
+			Kind    string `json:"kind"`
+			Subject string `json:"subject"`
+		} `json:"findings"`
+		NewFindings int `json:"new_findings"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Findings) != 2 || rep.NewFindings != 2 {
+		t.Fatalf("report %s (%v)", out, err)
+	}
+	ids := map[string]int64{}
+	for _, f := range rep.Findings {
+		ids[f.Kind+":"+f.Subject] = f.ID
+	}
+	dupID, orphanID := ids["duplicate_charge:"+dup], ids["orphan_charge:"+orphan]
+	if dupID == 0 || orphanID == 0 {
+		t.Fatalf("findings %+v", rep.Findings)
+	}
+
+	// The table lists them; the dry run refunds nothing.
+	code, out, _ = call(append([]string{"findings", "--state", "open"}, base[:2]...)...)
+	if code != 0 || !strings.Contains(out, dup) || !strings.Contains(out, orphan) {
+		t.Fatalf("findings: %d %s", code, out)
+	}
+	code, out, stderr = call(append([]string{"refund", "--all", "--dry-run"}, base...)...)
+	if code != 0 || !strings.Contains(out, "would refund") || sim.Requests()["POST /v1/refunds"] != 0 {
+		t.Fatalf("dry run: %d %s %s", code, out, stderr)
+	}
+	code, out, stderr = call(append([]string{"refund", fmt.Sprint(dupID)}, base...)...)
+	if code != 0 || !strings.Contains(out, "refunded 1") {
+		t.Fatalf("refund: %d %s %s", code, out, stderr)
+	}
+	if ch, _ := sim.Charge(dup); !ch.Refunded {
+		t.Fatal("duplicate not refunded")
+	}
+	if ch, _ := sim.Charge(canon); ch.AmountRefunded != 0 {
+		t.Fatal("canonical refunded")
+	}
+	code, _, stderr = call(append([]string{"refund", fmt.Sprint(dupID)}, base...)...)
+	if code != 2 || !strings.Contains(stderr, "refunded") {
+		t.Fatalf("refunding a refunded finding: %d %s", code, stderr)
+	}
+	code, _, stderr = call(append([]string{"resolve", fmt.Sprint(orphanID)}, base[:2]...)...)
+	if code != 0 {
+		t.Fatalf("resolve: %d %s", code, stderr)
+	}
+	code, _, stderr = call(append([]string{"dismiss", fmt.Sprint(orphanID)}, base[:2]...)...)
+	if code != 2 {
+		t.Fatalf("dismissing a resolved finding: %d %s", code, stderr)
+	}
+	// Nothing open is left: the audit is clean.
+	code, out, stderr = call(append(append([]string{"run"}, base...), window...)...)
+	if code != 0 || !strings.Contains(out, "0 open") {
+		t.Fatalf("final audit: %d %s %s", code, out, stderr)
+	}
+}
