@@ -1,0 +1,251 @@
+// Command consumer charges billing events from a Redis Stream consumer group
+// through Stripe, exactly once per customer and billing period.
+//
+//	consumer [run] [flags]              consume until SIGTERM/SIGINT
+//	consumer cap set --period P --cents N
+//	consumer cap show
+//	consumer migrate up|down|status
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/ledger"
+)
+
+const prog = "consumer"
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "migrate":
+			return cli.Migrate(ctx, prog, args[1:], stdout, stderr)
+		case "cap":
+			return capCmd(ctx, args[1:], stdout, stderr)
+		case "run":
+			args = args[1:]
+		}
+	}
+	return runConsumer(ctx, args, stderr)
+}
+
+const description = `Reads billing events from a Redis Stream consumer group and charges each customer once per
+billing period through Stripe. Every event is checked against and recorded in the Postgres
+ledger (billing_records) before it is acked; a heartbeat keeps slow Stripe calls from being
+reclaimed; bad events go to <stream>:dead with the reason.
+
+Subcommands: run (default), cap set|show, migrate up|down|status.
+Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
+SLACK_BOT_TOKEN, SLACK_CHANNEL. On SIGTERM it stops reading, finishes events in flight and
+exits 0 within --shutdown-timeout.`
+
+type flags struct {
+	redisURL, dbURL    string
+	stream, group      string
+	name, namespace    string
+	count              int64
+	block              time.Duration
+	workers            int
+	lease, safeWindow  time.Duration
+	requireCap         bool
+	maxAmount          int64
+	strictFields       bool
+	shutdownTimeout    time.Duration
+	metricsAddr        string
+	deadLetterInterval time.Duration
+	log                cli.Logging
+	stripe             cli.Stripe
+	slack              cli.Slack
+}
+
+func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
+	var f flags
+	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", description, stderr)
+	cli.RegisterRedis(fs, &f.redisURL)
+	cli.RegisterDatabase(fs, &f.dbURL)
+	fs.StringVar(&f.stream, "stream", cli.Env("PELGUARD_STREAM", "billing-stream"), "stream to consume [PELGUARD_STREAM]")
+	fs.StringVar(&f.group, "group", cli.Env("PELGUARD_GROUP", "billing-group"), "consumer group [PELGUARD_GROUP]")
+	fs.StringVar(&f.name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
+	fs.StringVar(&f.namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; give each environment its own [PELGUARD_NAMESPACE]")
+	fs.Int64Var(&f.count, "count", consumer.DefaultCount, "XREADGROUP COUNT (acks are always per event)")
+	fs.DurationVar(&f.block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
+	fs.IntVar(&f.workers, "workers", consumer.DefaultWorkers, "events handled at once")
+	fs.DurationVar(&f.lease, "lease", consumer.DefaultLease, "ledger lease; the heartbeat renews it every lease/3")
+	fs.DurationVar(&f.safeWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
+	fs.BoolVar(&f.requireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
+	fs.Int64Var(&f.maxAmount, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
+	fs.BoolVar(&f.strictFields, "strict-fields", false, "reject events with fields other than the five known ones")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long events in flight may take to finish")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
+	fs.DurationVar(&f.deadLetterInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
+	f.log.Register(fs)
+	f.stripe.Register(fs)
+	f.slack.Register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if fs.NArg() > 0 {
+		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
+	}
+	logger, err := f.log.Logger(stderr)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	reg := cli.NewRegistry()
+	metrics := consumer.NewMetrics(reg)
+	sc, err := f.stripe.Client(logger, nil)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	notifier, err := f.slack.Notifier(logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer closeNotifier(notifier)
+	dl := alerts.NewDeadLetterAggregator(notifier, f.deadLetterInterval, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
+
+	rdb, err := cli.OpenRedis(ctx, f.redisURL)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer rdb.Close()
+	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(f.workers*2+4))
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer pool.Close()
+
+	c, err := consumer.New(consumer.Config{
+		Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc,
+		Stream: f.stream, Group: f.group, Name: f.name, Namespace: f.namespace,
+		Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
+		RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
+		Notifier: notifier, DeadLetters: dl, Metrics: metrics, Logger: logger,
+	})
+	if err != nil {
+		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+	}
+	ops, err := cli.ServeOps(f.metricsAddr, reg, []cli.Check{
+		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{Name: "postgres", Fn: pool.Ping},
+	}, logger)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer func() { _ = ops.Close(context.Background()) }()
+
+	sigCtx, stop := cli.SignalContext(ctx)
+	defer stop()
+	if err := c.Start(ctx); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	logger.Info("consumer started", "name", c.Name(), "stream", f.stream, "group", f.group, "workers", f.workers, "count", f.count)
+	select {
+	case <-sigCtx.Done():
+		logger.Info("stopping: finishing events in flight", "timeout", f.shutdownTimeout)
+	case <-c.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	if err := c.Stop(sctx); err != nil {
+		logger.Error("stopped with events unfinished; they stay pending and are safe to redeliver", "error", err)
+		return cli.ExitError
+	}
+	logger.Info("stopped cleanly")
+	return cli.ExitOK
+}
+
+func closeNotifier(n alerts.Notifier) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = n.Close(ctx)
+}
+
+func capCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "set" && args[0] != "show") {
+		fmt.Fprintln(stderr, "Usage: consumer cap set --period P --cents N | consumer cap show [--period P]")
+		return cli.ExitError
+	}
+	verb := args[0]
+	fs := cli.NewFlagSet(prog+" cap "+verb, prog+" cap set --period P --cents N | cap show [--period P]",
+		"Spend caps bound what may be charged per billing period (the seed's 'vault key', e.g. 110% of\n"+
+			"the expected total). An event that would pass the cap is dead-lettered with reason spend_cap and\n"+
+			"can be replayed after the cap is raised.", stderr)
+	var dbURL, period string
+	var cents int64 = -1
+	cli.RegisterDatabase(fs, &dbURL)
+	fs.StringVar(&period, "period", "", "billing period, e.g. 2026-11")
+	fs.Int64Var(&cents, "cents", -1, "cap in cents (set)")
+	if err := cli.Parse(fs, args[1:]); err != nil {
+		return cli.Fail(stderr, prog+" cap", err)
+	}
+	if verb == "set" && (period == "" || cents < 0) {
+		return cli.Fail(stderr, prog+" cap set", cli.Usagef("--period and a non-negative --cents are required"))
+	}
+	pool, err := cli.OpenDB(ctx, prog, dbURL, 2)
+	if err != nil {
+		return cli.Fail(stderr, prog+" cap", err)
+	}
+	defer pool.Close()
+	l := ledger.New(pool, nil)
+	var caps []ledger.Cap
+	switch {
+	case verb == "set":
+		c, err := l.SetCap(ctx, period, cents)
+		if err != nil {
+			return cli.Fail(stderr, prog+" cap set", err)
+		}
+		caps = []ledger.Cap{c}
+	case period != "":
+		c, err := l.Cap(ctx, period)
+		if err != nil {
+			return cli.Fail(stderr, prog+" cap show", err)
+		}
+		caps = []ledger.Cap{c}
+	default:
+		if caps, err = l.Caps(ctx); err != nil {
+			return cli.Fail(stderr, prog+" cap show", err)
+		}
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PERIOD\tCAP\tRESERVED\tLEFT\tUPDATED")
+	for _, c := range caps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.BillingPeriod, money(c.CapCents), money(c.ReservedCents),
+			money(c.CapCents-c.ReservedCents), c.UpdatedAt.UTC().Format(time.RFC3339))
+	}
+	if len(caps) == 0 {
+		fmt.Fprintln(tw, "(no caps)")
+	}
+	_ = tw.Flush()
+	return cli.ExitOK
+}
+
+func money(cents int64) string {
+	s := fmt.Sprintf("%d.%02d", cents/100, abs(cents%100))
+	if cents < 0 && !strings.HasPrefix(s, "-") {
+		s = "-" + s
+	}
+	return s
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testenv"
+)
+
+func TestBadFlagsExit2(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--no-such-flag"},
+		{"--log-format", "xml"},
+		{"cap", "set", "--period", "2026-11"},
+		{"migrate", "sideways"},
+		{"unexpected-arg"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), args, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
+		}
+		if errb.Len() == 0 {
+			t.Errorf("%v: no message", args)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--require-cap") {
+		t.Errorf("--help: exit %d: %s", code, errb.String())
+	}
+}
+
+func TestCapCommands(t *testing.T) {
+	t.Parallel()
+	_, url := testenv.DBWithURL(t)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"cap", "set", "--database-url", url, "--period", "2026-11", "--cents", "1375000"}, &out, &errb); code != 0 {
+		t.Fatalf("cap set: %d %s", code, errb.String())
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"cap", "show", "--database-url", url}, &out, &errb); code != 0 {
+		t.Fatalf("cap show: %d %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "2026-11") || !strings.Contains(out.String(), "13750.00") {
+		t.Fatalf("cap show output:\n%s", out.String())
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"migrate", "status", "--database-url", url}, &out, &errb); code != 0 ||
+		strings.Contains(out.String(), "pending") || !strings.Contains(out.String(), "applied") {
+		t.Fatalf("migrate status: %d\n%s%s", code, out.String(), errb.String())
+	}
+}
+
+// The binary consumes, and on SIGTERM finishes the Stripe call in flight and
+// exits 0. Its output never carries the Stripe key it was given.
+func TestBinarySIGTERM(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "consumer")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	_, dbURL := testenv.DBWithURL(t)
+	rdb := testenv.Redis(t)
+	stream := testenv.Name(t, "billing")
+	testenv.CleanupKeys(t, rdb, stream, stream+":dead")
+	sim := stripesim.MustNew(stripesim.Config{})
+	defer sim.Close()
+	_ = sim.SetFaults(stripesim.Faults{Latency: stripesim.Latency{Fixed: 700 * time.Millisecond}})
+	ev := event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 2500, BillingPeriod: "2026-11", Currency: "usd"}
+	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: map[string]any{"payload": ev.Payload()}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sk_test_DoNotPrintMe0123456789"
+	cmd := exec.Command(bin, "--stream", stream, "--metrics-addr", "127.0.0.1:0", "--block", "100ms", "--log-level", "debug")
+	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL,
+		"STRIPE_API_KEY="+secret, "STRIPE_API_BASE="+sim.URL())
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the Stripe call is in flight, then ask it to stop.
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		return sim.Requests()["POST /v1/payment_intents"] > 0
+	}, "charge request in flight")
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("did not exit after SIGTERM\n%s", logs.String())
+	}
+	if n := sim.SucceededCharges("c_1", "2026-11"); n != 1 {
+		t.Fatalf("%d charges\n%s", n, logs.String())
+	}
+	p, _ := rdb.XPending(context.Background(), stream, "billing-group").Result()
+	if p.Count != 0 {
+		t.Fatalf("%d pending after a clean stop", p.Count)
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Fatal("the Stripe key appeared in the output")
+	}
+}
