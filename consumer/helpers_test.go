@@ -40,7 +40,7 @@ type opts struct {
 	retries    int64
 }
 
-func setup(t *testing.T, o opts) *bundle {
+func setup(t testing.TB, o opts) *bundle {
 	t.Helper()
 	pool, url := testenv.DBWithURL(t)
 	sim, err := stripesim.New(stripesim.Config{Now: o.simNow, Seed: 1})
@@ -79,7 +79,7 @@ func setup(t *testing.T, o opts) *bundle {
 	return b
 }
 
-func (b *bundle) config(t *testing.T, name string) consumer.Config {
+func (b *bundle) config(t testing.TB, name string) consumer.Config {
 	return consumer.Config{
 		Redis: b.rdb, Ledger: b.ledger, Stripe: b.stripe, Stream: b.stream, Group: b.group,
 		Name: name, Namespace: "test", Block: 50 * time.Millisecond, Lease: 3 * time.Second,
@@ -93,7 +93,7 @@ func ev(i int) event.Event {
 }
 
 // add puts events on the stream and returns their ids.
-func (b *bundle) add(t *testing.T, evs ...event.Event) []string {
+func (b *bundle) add(t testing.TB, evs ...event.Event) []string {
 	t.Helper()
 	var ids []string
 	for _, e := range evs {
@@ -106,7 +106,7 @@ func (b *bundle) add(t *testing.T, evs ...event.Event) []string {
 	return ids
 }
 
-func (b *bundle) addRaw(t *testing.T, values map[string]any) string {
+func (b *bundle) addRaw(t testing.TB, values map[string]any) string {
 	t.Helper()
 	id, err := b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream, Values: values}).Result()
 	if err != nil {
@@ -117,7 +117,7 @@ func (b *bundle) addRaw(t *testing.T, values map[string]any) string {
 
 // read delivers up to n new entries to consumer name (as XREADGROUP would
 // for a consumer that then dies or stalls).
-func (b *bundle) read(t *testing.T, name string, n int64) []redis.XMessage {
+func (b *bundle) read(t testing.TB, name string, n int64) []redis.XMessage {
 	t.Helper()
 	res, err := b.rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{Group: b.group, Consumer: name,
 		Streams: []string{b.stream, ">"}, Count: n, Block: -1}).Result()
@@ -129,7 +129,7 @@ func (b *bundle) read(t *testing.T, name string, n int64) []redis.XMessage {
 
 // claim takes entries for name regardless of idle time, the way a takeover
 // (a reaper or another consumer) would.
-func (b *bundle) claim(t *testing.T, name string, ids ...string) []redis.XMessage {
+func (b *bundle) claim(t testing.TB, name string, ids ...string) []redis.XMessage {
 	t.Helper()
 	msgs, err := b.rdb.XClaim(context.Background(), &redis.XClaimArgs{Stream: b.stream, Group: b.group,
 		Consumer: name, MinIdle: 0, Messages: ids}).Result()
@@ -139,7 +139,7 @@ func (b *bundle) claim(t *testing.T, name string, ids ...string) []redis.XMessag
 	return msgs
 }
 
-func (b *bundle) pending(t *testing.T) int64 {
+func (b *bundle) pending(t testing.TB) int64 {
 	t.Helper()
 	p, err := b.rdb.XPending(context.Background(), b.stream, b.group).Result()
 	if err != nil {
@@ -154,7 +154,7 @@ func (b *bundle) charges(e event.Event) int {
 	return b.sim.SucceededCharges(e.CustomerID, e.BillingPeriod)
 }
 
-func (b *bundle) record(t *testing.T, e event.Event) ledger.Record {
+func (b *bundle) record(t testing.TB, e event.Event) ledger.Record {
 	t.Helper()
 	r, err := b.ledger.Get(context.Background(), ledger.EventKey(e))
 	if err != nil {
@@ -173,7 +173,7 @@ func (b *bundle) status(e event.Event) ledger.Status {
 }
 
 // start runs a consumer until the test ends.
-func start(t *testing.T, cfg consumer.Config) *consumer.Consumer {
+func start(t testing.TB, cfg consumer.Config) *consumer.Consumer {
 	t.Helper()
 	c, err := consumer.New(cfg)
 	if err != nil {
@@ -190,7 +190,7 @@ func start(t *testing.T, cfg consumer.Config) *consumer.Consumer {
 	return c
 }
 
-func processor(t *testing.T, cfg consumer.Config) *consumer.Processor {
+func processor(t testing.TB, cfg consumer.Config) *consumer.Processor {
 	t.Helper()
 	p, err := consumer.NewProcessor(cfg)
 	if err != nil {
