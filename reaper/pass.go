@@ -1,11 +1,15 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,47 +83,79 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 	return sum, err
 }
 
-// reapStream pages through one stream's idle pending entries.
+// reapStream pages through one stream's idle pending entries. Paging is
+// sequential (each XPENDING starts after the last id of the one before), but
+// up to PageWorkers pages are decided at once, so one page's ledger query
+// overlaps the next page's Redis round trips. An entry is in one page only,
+// so pages never race on the same entry.
 func (r *Reaper) reapStream(ctx, workCtx context.Context, st *streamState, p *pass, wg *sync.WaitGroup) error {
 	rdb := r.cfg.Redis
 	start := "-"
 	var oldest time.Duration
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
+	pages := make(chan struct{}, r.cfg.PageWorkers)
+	var pageWG sync.WaitGroup
+	var errMu sync.Mutex
+	var pageErr error
+	failed := func() error {
+		errMu.Lock()
+		defer errMu.Unlock()
+		return pageErr
+	}
+	err := func() error {
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := failed(); err != nil {
+				return nil // reported below
+			}
+			pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+				Stream: st.Stream, Group: st.Group, Idle: r.cfg.MinIdle,
+				Start: start, End: "+", Count: r.cfg.PageSize,
+			}).Result()
+			if redis.HasErrorPrefix(err, "NOGROUP") {
+				// Nothing can be pending in a group that does not exist; say so,
+				// since a typo in --stream would otherwise look like a clean PEL.
+				r.cfg.Logger.WarnContext(ctx, "reaper: no such stream or group; nothing to reap",
+					slog.String("stream", st.Stream), slog.String("group", st.Group))
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("XPENDING IDLE %s from %s: %w", r.cfg.MinIdle, start, err)
+			}
+			if len(pend) == 0 {
+				return nil
+			}
+			for _, pe := range pend {
+				oldest = max(oldest, pe.Idle)
+			}
+			p.mu.Lock()
+			p.sum.Scanned += len(pend)
+			p.mu.Unlock()
+			select {
+			case pages <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			pageWG.Go(func() {
+				defer func() { <-pages }()
+				if err := r.page(ctx, workCtx, st, pend, p, wg); err != nil {
+					errMu.Lock()
+					pageErr = cmp.Or(pageErr, err)
+					errMu.Unlock()
+				}
+			})
+			if int64(len(pend)) < r.cfg.PageSize {
+				return nil
+			}
+			// Exclusive start: entries acked meanwhile are gone from the PEL,
+			// and skipped ones must not be read twice in one pass.
+			start = "(" + pend[len(pend)-1].ID
 		}
-		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: st.Stream, Group: st.Group, Idle: r.cfg.MinIdle,
-			Start: start, End: "+", Count: r.cfg.PageSize,
-		}).Result()
-		if redis.HasErrorPrefix(err, "NOGROUP") {
-			// Nothing can be pending in a group that does not exist; say so,
-			// since a typo in --stream would otherwise look like a clean PEL.
-			r.cfg.Logger.WarnContext(ctx, "reaper: no such stream or group; nothing to reap",
-				slog.String("stream", st.Stream), slog.String("group", st.Group))
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("XPENDING IDLE %s from %s: %w", r.cfg.MinIdle, start, err)
-		}
-		if len(pend) == 0 {
-			break
-		}
-		for _, pe := range pend {
-			oldest = max(oldest, pe.Idle)
-		}
-		p.mu.Lock()
-		p.sum.Scanned += len(pend)
-		p.mu.Unlock()
-		if err := r.page(ctx, workCtx, st, pend, p, wg); err != nil {
-			return err
-		}
-		if int64(len(pend)) < r.cfg.PageSize {
-			break
-		}
-		// Exclusive start: entries acked above are gone from the PEL, and
-		// skipped ones must not be read twice in one pass.
-		start = "(" + pend[len(pend)-1].ID
+	}()
+	pageWG.Wait()
+	if err = cmp.Or(err, failed()); err != nil {
+		return err
 	}
 	r.gauges(ctx, st, oldest)
 	return nil
@@ -150,8 +186,93 @@ type entry struct {
 	pe     redis.XPendingExt
 	msg    redis.XMessage
 	gone   bool
+	quick  ledger.Key // from quickKey; zero when it could not read one
+	billed bool       // payload is the canonical form of a terminal row's event
 	ev     event.Event
 	reject *event.RejectError
+}
+
+// quickKey reads customer_id and billing_period only: enough to look the
+// ledger up. It validates nothing, and may even misread an odd payload: a
+// wrong key only costs a full parse and a second look-up (see page). The
+// common, canonical layout is read without a JSON decoder.
+func quickKey(msg redis.XMessage) (ledger.Key, bool) {
+	s, ok := msg.Values[event.PayloadField].(string)
+	if !ok {
+		return ledger.Key{}, false
+	}
+	cust, ok1 := stringAfter(s, `{"customer_id":"`, true)
+	period, ok2 := stringAfter(s, `,"billing_period":"`, false)
+	if ok1 && ok2 {
+		return ledger.Key{CustomerID: cust, BillingPeriod: period}, true
+	}
+	var k struct {
+		CustomerID    string `json:"customer_id"`
+		BillingPeriod string `json:"billing_period"`
+	}
+	if err := json.Unmarshal([]byte(s), &k); err != nil || k.CustomerID == "" || k.BillingPeriod == "" {
+		return ledger.Key{}, false
+	}
+	return ledger.Key{CustomerID: k.CustomerID, BillingPeriod: k.BillingPeriod}, true
+}
+
+// stringAfter returns the characters between marker and the next quote.
+func stringAfter(s, marker string, prefix bool) (string, bool) {
+	i := 0
+	if prefix {
+		if !strings.HasPrefix(s, marker) {
+			return "", false
+		}
+	} else if i = strings.Index(s, marker); i < 0 {
+		return "", false
+	}
+	rest := s[i+len(marker):]
+	j := strings.IndexByte(rest, '"')
+	if j <= 0 {
+		return "", false
+	}
+	return rest[:j], true
+}
+
+// rowEvent is the event a ledger row was created from.
+func rowEvent(rec ledger.Record) event.Event {
+	return event.Event{CustomerID: rec.CustomerID, StripeCustomerID: rec.StripeCustomerID,
+		AmountCents: rec.AmountCents, BillingPeriod: rec.BillingPeriod, Currency: rec.Currency}
+}
+
+// rowPayload is the canonical payload (event.Event.Payload) of a row's
+// event. Rows hold validated identifiers, which JSON never escapes, so it is
+// built by hand (json.Marshal was the pass's largest cost); anything with a
+// character JSON might escape goes through Payload itself.
+func rowPayload(rec ledger.Record) string {
+	if !plain(rec.CustomerID) || !plain(rec.StripeCustomerID) || !plain(rec.BillingPeriod) || !plain(rec.Currency) {
+		return rowEvent(rec).Payload()
+	}
+	var b strings.Builder
+	b.Grow(110 + len(rec.CustomerID) + len(rec.StripeCustomerID) + len(rec.BillingPeriod))
+	b.WriteString(`{"customer_id":"`)
+	b.WriteString(rec.CustomerID)
+	b.WriteString(`","stripe_customer_id":"`)
+	b.WriteString(rec.StripeCustomerID)
+	b.WriteString(`","amount_cents":`)
+	b.WriteString(strconv.FormatInt(rec.AmountCents, 10))
+	b.WriteString(`,"billing_period":"`)
+	b.WriteString(rec.BillingPeriod)
+	b.WriteString(`","currency":"`)
+	b.WriteString(rec.Currency)
+	b.WriteString(`"}`)
+	return b.String()
+}
+
+// plain reports a string json.Marshal copies verbatim.
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Reaper) base(st *streamState, pe redis.XPendingExt, kind Kind) Decision {
@@ -188,6 +309,11 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("fetching %d bodies: %w", len(entries), err)
 	}
+	// Most of a large PEL is usually already billed. Full validation costs
+	// more than everything else in a page, so the ledger is asked first, by
+	// the key fields alone; an entry whose payload is byte for byte the
+	// canonical form of a terminal row's event is that (valid) event, and
+	// needs no further parsing. Everything else is fully validated.
 	keys := make([]ledger.Key, 0, len(entries))
 	for i, e := range entries {
 		msgs := cmds[i].Val()
@@ -196,6 +322,24 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 			continue
 		}
 		e.msg = msgs[0]
+		if k, ok := quickKey(e.msg); ok {
+			e.quick = k
+			keys = append(keys, k)
+		}
+	}
+	recs, err := r.cfg.Ledger.Lookup(ctx, keys)
+	if err != nil {
+		return err
+	}
+	var more []ledger.Key
+	for _, e := range entries {
+		if e.gone {
+			continue
+		}
+		if rec, ok := recs[e.quick]; ok && rec.Status.Terminal() && e.msg.Values[event.PayloadField] == rowPayload(rec) {
+			e.ev, e.billed = rowEvent(rec), true
+			continue
+		}
 		ev, err := event.ParseFields(e.msg.Values, r.cfg.Rules)
 		if err != nil {
 			if !errors.As(err, &e.reject) {
@@ -204,11 +348,16 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 			continue
 		}
 		e.ev = ev
-		keys = append(keys, ledger.EventKey(ev))
+		if k := ledger.EventKey(ev); k != e.quick {
+			more = append(more, k) // the quick reading got it wrong: never decide on the wrong row
+		}
 	}
-	recs, err := r.cfg.Ledger.Lookup(ctx, keys)
-	if err != nil {
-		return err
+	if len(more) > 0 {
+		extra, err := r.cfg.Ledger.Lookup(ctx, more)
+		if err != nil {
+			return err
+		}
+		maps.Copy(recs, extra)
 	}
 
 	now := r.cfg.Clock.Now()
@@ -228,6 +377,11 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 		case e.reject != nil:
 			d.Kind, d.Reason = KindInvalid, e.reject.Reason
 			dead = append(dead, deadLetter{d: d, msg: e.msg, detail: e.reject.Error()})
+		case e.billed:
+			// Already billed (partial batch, killed before XACK, AOF
+			// rollback): ack, never redeliver (invariant 5).
+			d.Kind, d.Reason = KindAlreadyBilled, string(rec.Status)
+			acks = append(acks, d)
 		case ok && rec.Status.Terminal():
 			if rec.StripeCustomerID != e.ev.StripeCustomerID || rec.AmountCents != e.ev.AmountCents || rec.Currency != e.ev.Currency {
 				// A different charge for a billed customer and period: never
@@ -239,8 +393,8 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 					e.ev.AmountCents, e.ev.Currency, e.ev.StripeCustomerID)})
 				continue
 			}
-			// Already billed (partial batch, killed before XACK, AOF
-			// rollback): ack, never redeliver (invariant 5).
+			// Already billed, as above; the payload was valid but not in
+			// canonical form.
 			d.Kind, d.Reason = KindAlreadyBilled, string(rec.Status)
 			acks = append(acks, d)
 		case ok && rec.LeaseLive(now):

@@ -48,6 +48,7 @@ const (
 	DefaultPageSize      = 1000
 	DefaultMaxDeliveries = 10
 	DefaultWorkers       = 8
+	DefaultPageWorkers   = 4
 	// DefaultConsumerIdle: consumers silent for a day with nothing pending
 	// are removed from the group. Zero in Config means this default; a
 	// negative value disables hygiene.
@@ -87,6 +88,9 @@ type Config struct {
 	// Workers bounds the re-drives running at once, so a slow Stripe costs
 	// a pass Workers calls in parallel rather than one after another.
 	Workers int
+	// PageWorkers bounds the XPENDING pages decided at once: a page's
+	// ledger query and Redis round trips overlap the next page's.
+	PageWorkers int
 	// ConsumerIdle: consumers idle longer than this with nothing pending are
 	// removed from the group. Zero means DefaultConsumerIdle; negative
 	// disables removal.
@@ -122,6 +126,7 @@ func (c *Config) setDefaults() {
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.PageWorkers = cmp.Or(c.PageWorkers, DefaultPageWorkers)
 	c.ConsumerIdle = cmp.Or(c.ConsumerIdle, DefaultConsumerIdle)
 	c.Namespace = cmp.Or(c.Namespace, consumer.DefaultNamespace)
 	c.Lease = cmp.Or(c.Lease, consumer.DefaultLease)
@@ -157,6 +162,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("reaper: --max-deliveries %d must be at least 1", c.MaxDeliveries)
 	case c.Workers < 1 || c.Workers > 256:
 		return fmt.Errorf("reaper: --workers %d must be between 1 and 256", c.Workers)
+	case c.PageWorkers < 1 || c.PageWorkers > 64:
+		return fmt.Errorf("reaper: --page-workers %d must be between 1 and 64", c.PageWorkers)
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Streams {
@@ -179,8 +186,7 @@ type Reaper struct {
 	cfg     Config
 	streams []*streamState
 
-	// passMu serialises passes: the in-flight set and the worker slots
-	// assume one dispatcher.
+	// passMu serialises passes, so two passes never decide the same entry.
 	passMu sync.Mutex
 	// slots bounds concurrent re-drives.
 	slots chan struct{}

@@ -590,3 +590,27 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("dry-run without Stripe: %v", err)
 	}
 }
+
+// A billed event whose payload is valid but not in canonical form (fields
+// reordered, currency left to its default) is still acked without a call.
+func TestAlreadyBilledNonCanonicalPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e := ev(11)
+	b.charge(t, e)
+	creates := b.sim.ChargeCreates()
+	if err := b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": `{"billing_period":"2026-11","amount_cents":1011,` +
+		`"stripe_customer_id":"cus_11","customer_id":"c_11","trace":"x"}`}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.read(t, deadName, 10)
+	b.waitIdle(t, 1, time.Millisecond)
+	r := b.newReaper(t, b.config(t, "reaper-a"))
+	sum, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Decisions[reaper.KindAlreadyBilled] != 1 || len(b.pending(t)) != 0 || b.sim.ChargeCreates() != creates {
+		t.Fatalf("decisions %v, pending %d, creates %d (was %d)", sum.Decisions, len(b.pending(t)), b.sim.ChargeCreates(), creates)
+	}
+}
