@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"sync/atomic"
@@ -186,22 +187,22 @@ func (a *Auditor) resolve(ctx context.Context, w Window) (Window, error) {
 func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	// The ledger rows charged in the window must each have their charge at
 	// Stripe; the listing crosses them off as it sees them.
-	wanted := map[string]wantedCharge{}
+	want := wanted{}
 	err := a.ledger.ScanCharged(ctx, w.From, w.To, func(r ledger.Record) error {
 		if w.Period == "" || r.BillingPeriod == w.Period {
-			wanted[r.ChargeID] = wantedCharge{rec: r}
+			want[r.ChargeID] = r.FirstAttemptAt.Unix()
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("reading the ledger's charged rows: %w", err)
 	}
-	rep.LedgerCharged = int64(len(wanted))
+	rep.LedgerCharged = int64(len(want))
 
 	// A charge is created before the ledger records it, so the listing
 	// starts ChargeLag earlier than the ledger's window.
 	listFrom := w.From.Add(-a.cfg.ChargeLag)
-	c := newCollector(w.Period, a.legacyRE, wanted)
+	c := newCollector(w.Period, a.legacyRE, want)
 	pagesBefore := a.pages.Load()
 	stop := a.startProgress(c, &a.pages, pagesBefore)
 	err = a.list(ctx, listFrom, w.To, c)
@@ -213,19 +214,22 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	// Rows recorded long after their charge (a takeover that found the
 	// charge at Stripe) need a look further back before they are missing.
 	earliest := listFrom
-	for _, wc := range wanted {
-		if wc.rec.FirstAttemptAt.Before(earliest) {
-			earliest = wc.rec.FirstAttemptAt
+	for _, first := range want {
+		if t := time.Unix(first, 0); t.Before(earliest) {
+			earliest = t
 		}
 	}
-	if err := a.verifyMissing(ctx, earliest, listFrom, wanted); err != nil {
+	if err := a.verifyMissing(ctx, earliest, listFrom, want); err != nil {
 		return err
 	}
 	rep.Pages = a.pages.Load() - pagesBefore
 
 	var fs []Finding
-	for _, wc := range wanted {
-		r := wc.rec
+	missing, err := a.ledger.ByChargeIDs(ctx, slices.Collect(maps.Keys(want)))
+	if err != nil {
+		return fmt.Errorf("reading the rows of missing charges: %w", err)
+	}
+	for _, r := range missing {
 		fs = append(fs, Finding{Kind: KindMissing, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
 			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, ChargeID: r.ChargeID,
 			IdempotencyKey: r.IdempotencyKey, AmountCents: r.AmountCents, Currency: r.Currency,

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripeapi"
 )
 
@@ -39,11 +38,11 @@ func byCreated(a, b entry) int {
 // (Stripe customer id, period) for legacy ones.
 type groupKey struct{ customer, period string }
 
-// wantedCharge is a ledger row charged in the window whose charge the
-// listing has not shown yet (a missing_charge candidate).
-type wantedCharge struct {
-	rec ledger.Record
-}
+// wanted maps the charge ids of ledger rows charged in the window to their
+// first attempt (unix seconds): missing_charge candidates until the listing
+// shows the charge. Only the id and a number are kept per row; the few rows
+// left at the end are read again in full.
+type wanted map[string]int64
 
 // collector receives the listing's charges from every sub-window.
 type collector struct {
@@ -56,15 +55,29 @@ type collector struct {
 	// unkeyed are marked charges without customer/period metadata: the
 	// ledger cannot be asked about them, so each is an orphan.
 	unkeyed []entry
-	wanted  map[string]wantedCharge
+	wanted  wanted
+
+	// strs interns the strings that repeat across charges (periods,
+	// currencies), so 100,000 charges do not hold 100,000 copies of "usd".
+	strs map[string]string
 
 	scanned, pelguardN, legacyN atomic.Int64
 }
 
-func newCollector(period string, legacyRE *regexp.Regexp, wanted map[string]wantedCharge) *collector {
+func (c *collector) intern(s string) string {
+	if v, ok := c.strs[s]; ok {
+		return v
+	}
+	if len(c.strs) < 10_000 {
+		c.strs[s] = s
+	}
+	return s
+}
+
+func newCollector(period string, legacyRE *regexp.Regexp, wanted wanted) *collector {
 	return &collector{
 		period: period, legacyRE: legacyRE, wanted: wanted,
-		pelguard: map[groupKey][]entry{}, legacy: map[groupKey][]entry{},
+		pelguard: map[groupKey][]entry{}, legacy: map[groupKey][]entry{}, strs: map[string]string{},
 	}
 }
 
@@ -80,11 +93,11 @@ func (c *collector) add(page []stripeapi.Charge) {
 		}
 		delete(c.wanted, ch.ID)
 		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
-			currency: ch.Currency, stripeCustomer: ch.StripeCustomerID}
+			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID}
 		md := ch.Metadata
 		if stripeapi.IsPelguard(md) {
 			c.pelguardN.Add(1)
-			k := groupKey{md[stripeapi.MetaCustomerID], md[stripeapi.MetaBillingPeriod]}
+			k := groupKey{md[stripeapi.MetaCustomerID], c.intern(md[stripeapi.MetaBillingPeriod])}
 			if c.period != "" && k.period != c.period {
 				continue
 			}
@@ -111,7 +124,7 @@ func (c *collector) add(page []stripeapi.Charge) {
 			continue
 		}
 		c.legacyN.Add(1)
-		k := groupKey{ch.StripeCustomerID, period}
+		k := groupKey{ch.StripeCustomerID, c.intern(period)}
 		c.legacy[k] = append(c.legacy[k], e)
 	}
 }
@@ -202,7 +215,7 @@ func countingClient(base *http.Client, pages *atomic.Int64) *http.Client {
 // verifyMissing lists [from, to) once more for charges the ledger recorded
 // long after they were created (a takeover past the 24 h key window records
 // the charge it found at Stripe), and removes them from wanted.
-func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted map[string]wantedCharge) error {
+func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted wanted) error {
 	if len(wanted) == 0 || !from.Before(to) {
 		return nil
 	}

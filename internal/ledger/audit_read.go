@@ -68,3 +68,29 @@ func (l *Ledger) SeedForTest(ctx context.Context, recs []Record) (int64, error) 
 	}
 	return n, nil
 }
+
+// ByChargeIDs reads the rows that record the given Stripe charge ids, keyed
+// by charge id: the auditor keeps only charge ids while it lists Stripe and
+// reads the few rows it reports as missing_charge afterwards.
+func (l *Ledger) ByChargeIDs(ctx context.Context, ids []string) (map[string]Record, error) {
+	out := make(map[string]Record, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM billing_records WHERE charge_id = ANY($1::text[])`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading %d billing records by charge id: %w", len(ids), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scanning billing record: %w", err)
+		}
+		out[r.ChargeID] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading %d billing records by charge id: %w", len(ids), err)
+	}
+	return out, nil
+}
