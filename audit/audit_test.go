@@ -468,3 +468,18 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// --auto-refund: a scheduled run refunds the open duplicates within caps.
+func TestAutoRefundWithinCaps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.world(t)
+	a := b.auditor(t, func(c *Config) { c.AutoRefund, c.MaxRefunds, c.MaxCents = true, 2, 1_000_000 })
+	rep, err := a.Run(context.Background(), Window{From: w0, To: w1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Refund == nil || len(rep.Refund.Refunded) != 2 || rep.Refund.StoppedBy != "max-refunds" || len(b.refunds(t)) != 2 {
+		t.Fatalf("auto-refund: %+v", rep.Refund)
+	}
+}
