@@ -12,10 +12,13 @@ import (
 // Advisory lock keys. Runs and refunds take different locks: a refund may
 // run while a scheduled run lists Stripe, but two runs (which would both
 // count the same new findings and alert twice) or two refund runs (which
-// would race for the same caps) may not.
+// would race for the same caps) may not. Advisory locks are per database,
+// so the first half of the two-part key is the schema's hash: two pelguard
+// ledgers in one database (one per schema, as every test has) audit
+// independently.
 const (
-	lockRun    int64 = 0x70656c6761756400 // "pelgaud\0"
-	lockRefund int64 = 0x70656c6761756401
+	lockRun    int32 = 0x70676101 // "pga" run
+	lockRefund int32 = 0x70676102 // "pga" refund
 )
 
 // heldLock is a session advisory lock on a dedicated connection: session
@@ -23,12 +26,12 @@ const (
 // held.
 type heldLock struct {
 	conn *pgxpool.Conn
-	key  int64
+	key  int32
 }
 
 // acquireLock takes key, waiting up to wait (0: not at all). It returns
 // ErrLocked when someone else still holds it.
-func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int64, wait time.Duration) (*heldLock, error) {
+func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int32, wait time.Duration) (*heldLock, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection for the audit lock: %w", err)
@@ -36,7 +39,7 @@ func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int64, wait time.D
 	deadline := time.Now().Add(wait)
 	for {
 		var ok bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext(current_schema()), $1)`, key).Scan(&ok); err != nil {
 			conn.Release()
 			return nil, fmt.Errorf("taking the audit lock: %w", err)
 		}
@@ -66,7 +69,7 @@ func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int64, wait time.D
 func (l *heldLock) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, l.key); err != nil {
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext(current_schema()), $1)`, l.key); err != nil {
 		_ = l.conn.Conn().Close(ctx)
 	}
 	l.conn.Release()
