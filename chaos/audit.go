@@ -1,0 +1,87 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pelguard/pelguard/audit"
+	"github.com/pelguard/pelguard/internal/stripeapi"
+)
+
+// runCell runs one scenario in one mode, then the auditor over its charges
+// (and, for the naive run, `auditor refund`), and counts the money.
+func (d *drill) runCell(ctx context.Context, scenario, mode string, n, total int) (Result, error) {
+	c, cleanup, err := d.newCell(ctx, scenario, mode, n)
+	defer cleanup()
+	if err != nil {
+		return Result{}, err
+	}
+	d.progress.start(c, n, total)
+	run := map[string]func(context.Context, *cell) error{
+		ScenarioInflightReclaim: inflightReclaim,
+		ScenarioPartialBatch:    partialBatch,
+		ScenarioAOFRollback:     aofRollback,
+		ScenarioExpiredKey:      expiredKey,
+	}[scenario]
+	if err := run(ctx, c); err != nil {
+		return Result{}, err
+	}
+
+	res := Result{Scenario: scenario, Mode: mode, Events: len(c.events), Charges: c.billable()}
+	res.DuplicateCharges, res.DuplicateCents = c.duplicates()
+	d.progress.update(c, "auditing")
+	if err := c.audit(ctx, &res); err != nil {
+		return res, err
+	}
+	res.NetDuplicates, _ = c.duplicates()
+	res.Elapsed = time.Since(c.started)
+	d.progress.finish(c, res)
+	return res, nil
+}
+
+// audit runs the auditor over the cell's window, with --legacy for the
+// naive charges (they carry only the seed's description), and refunds the
+// naive run's duplicates the way `auditor refund` does.
+func (c *cell) audit(ctx context.Context, res *Result) error {
+	a, err := audit.New(audit.Config{
+		Pool:   c.pool,
+		Stripe: stripeapi.Config{APIKey: stripeKey, BaseURL: c.sim.URL(), MaxNetworkRetries: -1},
+		Logger: c.log,
+		// The cell's clock: expired-key moves it a day ahead with the
+		// emulator, and the auditor must judge leases on the same time.
+		Clock:  c.clk,
+		Legacy: c.mode == ModeNaive,
+		// The lock is database-wide; parallel drills (tests) take turns.
+		LockWait: 2 * time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("building the auditor: %w", err)
+	}
+	// A manual window covering the whole cell, whatever the clocks did.
+	w := audit.Window{From: c.started.Add(-time.Hour), To: c.clk.Now().Add(time.Hour)}
+	rep, err := a.Run(ctx, w)
+	if err != nil {
+		return fmt.Errorf("auditing: %w", err)
+	}
+	for _, f := range rep.Findings {
+		if f.Kind == audit.KindDuplicate {
+			res.Flagged++
+		} else {
+			res.OtherFindings++
+			c.log.Warn("chaos: the auditor reported an unexpected finding", "kind", f.Kind, "charge", f.ChargeID,
+				"customer", f.CustomerID, "detail", f.Detail)
+		}
+	}
+	if c.mode != ModeNaive {
+		return nil
+	}
+	// Caps high enough for every duplicate the drill can make: the drill
+	// shows the refund undoing the whole naive run.
+	rr, err := a.Refund(ctx, audit.RefundOptions{MaxRefunds: 1 << 30, MaxCents: 1 << 50, LockWait: 2 * time.Minute})
+	if err != nil {
+		return fmt.Errorf("refunding the naive run's duplicates: %w", err)
+	}
+	res.Refunded = len(rr.Refunded)
+	return nil
+}

@@ -1,0 +1,273 @@
+// Package chaos is the drill behind `make demo` (cmd/chaos): it reproduces
+// the seed's failure modes against real Redis and Postgres and the in-process
+// Stripe emulator, once with the seed's naive consumer and XAUTOCLAIM
+// monitor (internal/naive) and once with pelguard (consumer + reaper), then
+// runs the auditor over each and refunds the naive run's duplicates.
+//
+// Scenarios:
+//   - inflight-reclaim: "reclaim while in flight" (failure mode 1), a Stripe
+//     call slower than the monitor's min-idle;
+//   - partial-batch: "partial batch" (failure mode 2), COUNT 10 with a timeout
+//     part-way, plus a real SIGKILL between the Stripe reply and XACK;
+//   - aof-rollback: "AOF rollback" (failure mode 3), a redis-server of the
+//     drill's own with appendfsync everysec brought back to an earlier state;
+//   - expired-key: a redelivery after Stripe's 24 h idempotency window.
+//
+// Every run gets its own stream names and Postgres schemas, removed at the
+// end, even when the run fails or is interrupted.
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Modes.
+const (
+	ModeNaive    = "naive"
+	ModePelguard = "pelguard"
+)
+
+// Scenario names, in the order the drill runs them.
+const (
+	ScenarioInflightReclaim = "inflight-reclaim"
+	ScenarioPartialBatch    = "partial-batch"
+	ScenarioAOFRollback     = "aof-rollback"
+	ScenarioExpiredKey      = "expired-key"
+)
+
+// Scenarios lists every scenario with the failure mode it reproduces.
+var Scenarios = []struct{ Name, FailureMode string }{
+	{ScenarioInflightReclaim, "reclaim while in flight: a Stripe call slower than the monitor's min-idle"},
+	{ScenarioPartialBatch, "partial batch: COUNT 10 with a timeout part-way, and a SIGKILL between Stripe reply and XACK"},
+	{ScenarioAOFRollback, "AOF rollback: appendfsync everysec loses the last writes, acked entries return as pending"},
+	{ScenarioExpiredKey, "expired key: a redelivery after Stripe's 24 h idempotency window"},
+}
+
+// Defaults.
+const (
+	// DefaultEvents keeps the whole default run well under two minutes on
+	// two cores while leaving every scenario enough events to misbehave.
+	DefaultEvents = 60
+	// DefaultMinIdle is the monitor's (and the reaper's) min-idle, the seed's
+	// 60 s scaled down so the drill runs in seconds.
+	DefaultMinIdle = 200 * time.Millisecond
+	// DefaultSeed makes a run without --seed reproducible.
+	DefaultSeed = 1
+	// minEvents: partial-batch needs one batch for the killed child and at
+	// least one COUNT 10 batch with a 7th event after it.
+	minEvents = 20
+)
+
+// Config configures a drill run.
+type Config struct {
+	RedisURL    string // required
+	DatabaseURL string // required
+	// Events per scenario and mode. Default DefaultEvents.
+	Events int
+	// Scenarios to run; empty runs all of them.
+	Scenarios []string
+	// Seed drives the amounts and which events meet a fault; the verdicts
+	// must not depend on it.
+	Seed int64
+	// MinIdle is the naive monitor's and the reaper's min-idle. The slow
+	// Stripe call of inflight-reclaim lasts three times as long, and the
+	// pelguard lease is chosen so its heartbeat beats it.
+	MinIdle time.Duration
+	// Executable is the program re-executed as the child that kills itself
+	// between Stripe reply and XACK; default os.Executable(). It must call
+	// RunChildIfRequested first thing (cmd/chaos's main and the tests'
+	// TestMain do).
+	Executable string
+	// Progress receives a progress line while the drill runs (stderr); nil
+	// writes none. ProgressRewrite redraws one line with \r (a terminal).
+	Progress        io.Writer
+	ProgressRewrite bool
+	// Logger receives the components' logs; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	c.Events = cmp.Or(c.Events, DefaultEvents)
+	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
+	if len(c.Scenarios) == 0 {
+		for _, s := range Scenarios {
+			c.Scenarios = append(c.Scenarios, s.Name)
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports the first configuration error, naming the fix.
+func (c *Config) Validate() error {
+	switch {
+	case c.RedisURL == "":
+		return errors.New("chaos: a Redis URL is required (REDIS_URL)")
+	case c.DatabaseURL == "":
+		return errors.New("chaos: a Postgres URL is required (DATABASE_URL)")
+	case c.Events < minEvents || c.Events > 10_000:
+		return fmt.Errorf("chaos: --events %d must be between %d and 10000", c.Events, minEvents)
+	case c.MinIdle < 50*time.Millisecond:
+		return fmt.Errorf("chaos: min-idle %s is too short to tell slow from stuck (minimum 50ms)", c.MinIdle)
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Scenarios {
+		if !slices.ContainsFunc(Scenarios, func(x struct{ Name, FailureMode string }) bool { return x.Name == s }) {
+			return fmt.Errorf("chaos: unknown scenario %q (want one of %s)", s, strings.Join(ScenarioNames(), ", "))
+		}
+		if seen[s] {
+			return fmt.Errorf("chaos: scenario %q given twice", s)
+		}
+		seen[s] = true
+	}
+	return nil
+}
+
+// ScenarioNames lists the scenario names in run order.
+func ScenarioNames() []string {
+	var out []string
+	for _, s := range Scenarios {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// Result is one scenario run in one mode. Its JSON form has exactly the
+// fields the drill's --json promises.
+type Result struct {
+	Scenario string `json:"scenario"`
+	Mode     string `json:"mode"`
+	Events   int    `json:"events"`
+	// Charges counts succeeded, unrefunded charges at the emulator when the
+	// run ends, before the auditor refunds anything.
+	Charges int `json:"charges"`
+	// DuplicateCharges and DuplicateCents count every charge beyond the
+	// first per (Stripe customer, billing period): money taken twice.
+	DuplicateCharges int   `json:"duplicate_charges"`
+	DuplicateCents   int64 `json:"duplicate_cents"`
+	// Flagged counts the auditor's duplicate_charge findings.
+	Flagged int `json:"flagged"`
+	// Refunded counts the duplicates `auditor refund` refunded (naive only).
+	Refunded int `json:"refunded"`
+	// NetDuplicates recounts the emulator's duplicates after the refunds.
+	NetDuplicates int `json:"net_duplicates"`
+
+	// OtherFindings counts the auditor's findings that are not duplicates
+	// (orphan, missing, mismatch, stuck): none is expected in either mode.
+	OtherFindings int           `json:"-"`
+	Elapsed       time.Duration `json:"-"`
+}
+
+// Skip is a scenario the drill could not run here, with the reason.
+type Skip struct {
+	Scenario string
+	Reason   string
+}
+
+// Report is a drill run's outcome.
+type Report struct {
+	Seed    int64
+	Events  int
+	Results []Result
+	Skipped []Skip
+	Elapsed time.Duration
+}
+
+// Failures checks the drill's verdicts and returns every one that does not
+// hold, each saying why. An empty slice means the drill passed: naive shows
+// duplicates, pelguard none, the auditor flags every duplicate and the
+// refunds leave none.
+func (r Report) Failures() []string {
+	var out []string
+	for _, x := range r.Results {
+		name := x.Scenario + "/" + x.Mode
+		switch x.Mode {
+		case ModeNaive:
+			if x.DuplicateCharges == 0 {
+				out = append(out, name+": the naive code made no duplicate charge, so the drill did not reproduce the failure mode")
+			}
+		case ModePelguard:
+			if x.DuplicateCharges != 0 {
+				out = append(out, fmt.Sprintf("%s: pelguard made %d duplicate charge(s) worth %s", name, x.DuplicateCharges, Dollars(x.DuplicateCents)))
+			}
+			if x.Charges != x.Events {
+				out = append(out, fmt.Sprintf("%s: %d events but %d charges: pelguard must charge every event exactly once", name, x.Events, x.Charges))
+			}
+		}
+		if x.Flagged != x.DuplicateCharges {
+			out = append(out, fmt.Sprintf("%s: the auditor flagged %d duplicate(s), the emulator holds %d", name, x.Flagged, x.DuplicateCharges))
+		}
+		if x.NetDuplicates != 0 {
+			out = append(out, fmt.Sprintf("%s: %d duplicate(s) left after the refunds", name, x.NetDuplicates))
+		}
+		if x.OtherFindings != 0 {
+			out = append(out, fmt.Sprintf("%s: the auditor reported %d finding(s) other than duplicates", name, x.OtherFindings))
+		}
+	}
+	if len(r.Results) == 0 {
+		out = append(out, "no scenario ran")
+	}
+	return out
+}
+
+// Dollars formats minor units as dollars.
+func Dollars(cents int64) string {
+	sign := ""
+	if cents < 0 {
+		sign, cents = "-", -cents
+	}
+	return fmt.Sprintf("%s$%d.%02d", sign, cents/100, cents%100)
+}
+
+// Run runs the configured scenarios, each in both modes, and audits them.
+// It returns the report so far together with an error when a scenario could
+// not be carried out (a service down, a scenario that never finished); the
+// verdicts are Report.Failures. Everything it created is removed before it
+// returns, also when ctx is cancelled.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	start := time.Now()
+	rep := Report{Seed: cfg.Seed, Events: cfg.Events}
+	d, err := newDrill(ctx, cfg)
+	if err != nil {
+		return rep, err
+	}
+	defer d.close()
+
+	total := len(cfg.Scenarios) * 2
+	n := 0
+	for _, sc := range cfg.Scenarios {
+		if sc == ScenarioAOFRollback {
+			if why := redisServerMissing(); why != "" {
+				rep.Skipped = append(rep.Skipped, Skip{Scenario: sc, Reason: why})
+				d.progress.note(fmt.Sprintf("SKIPPED %s: %s", sc, why))
+				total -= 2
+				continue
+			}
+		}
+		for _, mode := range []string{ModeNaive, ModePelguard} {
+			n++
+			res, err := d.runCell(ctx, sc, mode, n, total)
+			if err != nil {
+				rep.Elapsed = time.Since(start)
+				return rep, fmt.Errorf("%s/%s: %w", sc, mode, err)
+			}
+			rep.Results = append(rep.Results, res)
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	d.progress.done()
+	return rep, nil
+}
