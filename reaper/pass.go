@@ -285,10 +285,9 @@ func (r *Reaper) record(p *pass, d Decision) {
 	r.decide(d)
 }
 
-// page decides one XPENDING page: bodies in one pipeline, ledger rows in one
+// page decides one XPENDING page: bodies in one range read, ledger rows in one
 // query, acks in one XACK, dead letters behind one fencing XCLAIM.
 func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redis.XPendingExt, p *pass, wg *sync.WaitGroup) error {
-	rdb := r.cfg.Redis
 	entries := make([]*entry, 0, len(pend))
 	for _, pe := range pend {
 		if r.isInFlight(st.Stream, pe.ID) {
@@ -301,13 +300,9 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 		return nil
 	}
 
-	pipe := rdb.Pipeline()
-	cmds := make([]*redis.XMessageSliceCmd, len(entries))
-	for i, e := range entries {
-		cmds[i] = pipe.XRange(ctx, st.Stream, e.pe.ID, e.pe.ID)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("fetching %d bodies: %w", len(entries), err)
+	bodies, err := r.bodies(ctx, st, entries)
+	if err != nil {
+		return err
 	}
 	// Most of a large PEL is usually already billed. Full validation costs
 	// more than everything else in a page, so the ledger is asked first, by
@@ -315,13 +310,13 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 	// canonical form of a terminal row's event is that (valid) event, and
 	// needs no further parsing. Everything else is fully validated.
 	keys := make([]ledger.Key, 0, len(entries))
-	for i, e := range entries {
-		msgs := cmds[i].Val()
-		if len(msgs) == 0 {
+	for _, e := range entries {
+		msg, ok := bodies[e.pe.ID]
+		if !ok {
 			e.gone = true
 			continue
 		}
-		e.msg = msgs[0]
+		e.msg = msg
 		if k, ok := quickKey(e.msg); ok {
 			e.quick = k
 			keys = append(keys, k)
@@ -423,6 +418,70 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 		}
 	}
 	return nil
+}
+
+// bodies fetches the page's entries. An abandoned batch is usually a run
+// of consecutive stream entries, so one XRANGE over the page's id span
+// (bounded to twice the page) usually returns them all; whatever that read
+// did not cover is fetched with pipelined XRANGE id id. An entry inside the
+// covered span that did not come back was deleted or trimmed.
+func (r *Reaper) bodies(ctx context.Context, st *streamState, entries []*entry) (map[string]redis.XMessage, error) {
+	out := make(map[string]redis.XMessage, len(entries))
+	first, last := entries[0].pe.ID, entries[len(entries)-1].pe.ID
+	limit := int64(2 * len(entries))
+	span, err := r.cfg.Redis.XRangeN(ctx, st.Stream, first, last, limit).Result()
+	if err != nil {
+		return nil, fmt.Errorf("fetching bodies %s..%s: %w", first, last, err)
+	}
+	wanted := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		wanted[e.pe.ID] = true
+	}
+	for _, m := range span {
+		if wanted[m.ID] {
+			out[m.ID] = m
+		}
+	}
+	if int64(len(span)) < limit {
+		return out, nil // the whole span was read
+	}
+	covered := span[len(span)-1].ID
+	var rest []string
+	for _, e := range entries {
+		if _, ok := out[e.pe.ID]; !ok && compareIDs(e.pe.ID, covered) > 0 {
+			rest = append(rest, e.pe.ID)
+		}
+	}
+	pipe := r.cfg.Redis.Pipeline()
+	cmds := make([]*redis.XMessageSliceCmd, len(rest))
+	for i, id := range rest {
+		cmds[i] = pipe.XRange(ctx, st.Stream, id, id)
+	}
+	if len(rest) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("fetching %d bodies: %w", len(rest), err)
+		}
+	}
+	for _, c := range cmds {
+		if msgs := c.Val(); len(msgs) == 1 {
+			out[msgs[0].ID] = msgs[0]
+		}
+	}
+	return out, nil
+}
+
+// compareIDs orders stream ids ("ms-seq") numerically.
+func compareIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	an, _ := strconv.ParseUint(am, 10, 64)
+	bn, _ := strconv.ParseUint(bm, 10, 64)
+	if c := cmp.Compare(an, bn); c != 0 {
+		return c
+	}
+	asq, _ := strconv.ParseUint(as, 10, 64)
+	bsq, _ := strconv.ParseUint(bs, 10, 64)
+	return cmp.Compare(asq, bsq)
 }
 
 // ackAll acks gone and already-billed entries in one XACK. No fence is
