@@ -92,6 +92,10 @@ type Config struct {
 	ProgressRewrite bool
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
+
+	// onStart, for tests, learns the run's id (its schemas are
+	// chaos_<id>_<n>, its streams chaos:<id>:...) once the services answer.
+	onStart func(runID string)
 }
 
 func (c *Config) setDefaults() {
@@ -245,6 +249,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return rep, err
 	}
 	defer d.close()
+	if cfg.onStart != nil {
+		cfg.onStart(d.runID)
+	}
 
 	total := len(cfg.Scenarios) * 2
 	n := 0
