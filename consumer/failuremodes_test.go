@@ -64,7 +64,7 @@ func TestReclaimWhileInFlightHeartbeatKeepsEntry(t *testing.T) {
 	claimed := naiveMonitor(ctx, t, b, minIdle, func(m redis.XMessage) { _, _ = procB.Process(ctx, b.stream, m) })
 
 	cfg := b.config(t, "consumer-A")
-	cfg.Lease = 450 * time.Millisecond // heartbeat every 150 ms, under the monitor's 200 ms
+	cfg.Lease = 300 * time.Millisecond // heartbeat every 100 ms, half the monitor's 200 ms
 	start(t, cfg)
 	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusCharged && b.pending(t) == 0 },
 		"charged and acked")

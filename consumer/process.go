@@ -54,8 +54,9 @@ const (
 // Processor handles single stream entries: the per-event algorithm of
 // DESIGN.md, shared by the consumer's workers and the reaper's re-drive.
 type Processor struct {
-	cfg Config
-	hb  *heartbeat
+	cfg     Config
+	hb      *heartbeat
+	commits *committer // the consumer's group commit of charged outcomes; nil: one by one
 }
 
 // Process handles one entry read or claimed by this processor's consumer
@@ -69,6 +70,13 @@ func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessa
 }
 
 func (p *Processor) process(h *hold, msg redis.XMessage) (out Outcome, err error) {
+	return p.processPrepared(h, msg, nil)
+}
+
+// processPrepared is process with an optional lease the reader already took
+// for this entry in a batch (ledger.ReserveNew): then the per-event Reserve
+// is skipped, everything else is the same.
+func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record) (out Outcome, err error) {
 	ctx := h.ctx
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
 	defer func() {
@@ -92,10 +100,10 @@ func (p *Processor) process(h *hold, msg redis.XMessage) (out Outcome, err error
 	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
 	key := ev.Key(p.cfg.Namespace)
 
-	claim, err := p.cfg.Ledger.Reserve(ctx, ledger.ReserveRequest{
-		Event: ev, IdempotencyKey: key, Owner: p.cfg.Name, Lease: p.cfg.Lease,
-		MessageID: msg.ID, RequireCap: p.cfg.RequireCap,
-	})
+	if pre != nil && pre.IdempotencyKey == key {
+		return p.charge(h, msg, ev, *pre, log)
+	}
+	claim, err := p.cfg.Ledger.Reserve(ctx, p.reserveRequest(ev, msg.ID))
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
@@ -128,6 +136,13 @@ func (p *Processor) process(h *hold, msg redis.XMessage) (out Outcome, err error
 	rec := claim.Record
 	h.setLease(&rec)
 	return p.charge(h, msg, ev, rec, log)
+}
+
+func (p *Processor) reserveRequest(ev event.Event, msgID string) ledger.ReserveRequest {
+	return ledger.ReserveRequest{
+		Event: ev, IdempotencyKey: ev.Key(p.cfg.Namespace), Owner: p.cfg.Name, Lease: p.cfg.Lease,
+		MessageID: msgID, RequireCap: p.cfg.RequireCap,
+	}
 }
 
 // charge makes (or finds) the Stripe charge for a row whose lease we hold,
@@ -216,7 +231,12 @@ func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Out
 
 func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {
 	ctx = context.WithoutCancel(ctx)
-	_, err := p.cfg.Ledger.Finish(ctx, rec, o)
+	var err error
+	if o.Status == ledger.StatusCharged && p.commits != nil {
+		err = p.commits.finish(ctx, rec, o.ChargeID)
+	} else {
+		_, err = p.cfg.Ledger.Finish(ctx, rec, o)
+	}
 	if errors.Is(err, ledger.ErrLeaseLost) {
 		// Someone took over (our lease expired). Whatever they record wins;
 		// with the same idempotency key they got the same charge.

@@ -140,11 +140,14 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 		return Claim{Decision: Conflict, Record: rec}, nil
 	case rec.Status.Terminal():
 		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
-	case rec.LeaseLive(now) && rec.LeaseOwner != req.Owner:
+	case rec.LeaseLive(now):
+		// Even when the owner has our name: a pinned name may be running
+		// twice by mistake, or this very process may hold the row for an
+		// earlier copy of the event. Only expiry (or a release) frees it.
 		return Claim{Decision: Busy, Record: rec}, nil
 	}
-	// Expired, released, or our own name after a restart: take it over. The
-	// new epoch fences out whoever held it before.
+	// Expired or released: take it over. The new epoch fences out whoever
+	// held it before.
 	rec, err = scanRecord(tx.QueryRow(ctx, `
 		UPDATE billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
 			lease_expires_at = $4, stream_message_id = $5, updated_at = $6

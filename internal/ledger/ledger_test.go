@@ -340,3 +340,61 @@ func TestExtendMany(t *testing.T) {
 		t.Fatalf("lease not extended: %v", m[recs[0].Key].LeaseExpiresAt)
 	}
 }
+
+func TestReserveNewAndFinishCharged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.l.SetCap(ctx, "2026-12", 1_000_000); err != nil {
+		t.Fatal(err)
+	}
+	existing := ev("c_old", 100)
+	if _, err := b.l.Reserve(ctx, req(existing, "X")); err != nil {
+		t.Fatal(err)
+	}
+	capped := ev("c_cap", 100)
+	capped.BillingPeriod = "2026-12"
+	var reqs []ledger.ReserveRequest
+	for i := range 5 {
+		reqs = append(reqs, req(ev(fmt.Sprintf("c%d", i), 100), "A"))
+	}
+	reqs = append(reqs, req(ev("c0", 100), "A"), req(existing, "A"), req(capped, "A"))
+	got, err := b.l.ReserveNew(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the five new, uncapped keys: the duplicate, the existing row and
+	// the capped period are left to Reserve.
+	if len(got) != 5 {
+		t.Fatalf("reserved %d, want 5", len(got))
+	}
+	for k, r := range got {
+		if r.Epoch != 1 || r.LeaseOwner != "A" || r.Status != ledger.StatusPending || !r.LeaseLive(b.clk.Now()) {
+			t.Fatalf("%s: %+v", k, r)
+		}
+	}
+	if c, _ := b.l.Reserve(ctx, req(capped, "A")); c.Decision != ledger.Acquired || c.Record.CapReservedCents != 100 {
+		t.Fatalf("capped period through Reserve: %+v", c)
+	}
+	// Another holder takes c1 over after expiry: c1's batch finish is fenced out.
+	b.clk.Advance(31 * time.Second)
+	if c, _ := b.l.Reserve(ctx, req(ev("c1", 100), "B")); c.Decision != ledger.TakenOver {
+		t.Fatalf("takeover: %v", c.Decision)
+	}
+	var cs []ledger.Charged
+	for i := range 5 {
+		k := ledger.Key{CustomerID: fmt.Sprintf("c%d", i), BillingPeriod: "2026-11"}
+		cs = append(cs, ledger.Charged{Record: got[k], ChargeID: fmt.Sprintf("ch_%d", i)})
+	}
+	done, err := b.l.FinishCharged(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != 4 || done[ledger.Key{CustomerID: "c1", BillingPeriod: "2026-11"}] {
+		t.Fatalf("recorded %v: want all but the fenced-out c1", done)
+	}
+	counts, _ := b.l.Counts(ctx)
+	if counts[ledger.StatusCharged] != 4 {
+		t.Fatalf("counts %v", counts)
+	}
+}
