@@ -55,7 +55,7 @@ var Scenarios = []struct{ Name, FailureMode string }{
 const (
 	// DefaultEvents keeps the whole default run well under two minutes on
 	// two cores while leaving every scenario enough events to misbehave.
-	DefaultEvents = 60
+	DefaultEvents = 100
 	// DefaultMinIdle is the monitor's (and the reaper's) min-idle, the seed's
 	// 60 s scaled down so the drill runs in seconds.
 	DefaultMinIdle = 200 * time.Millisecond
@@ -102,10 +102,15 @@ func (c *Config) setDefaults() {
 	c.Events = cmp.Or(c.Events, DefaultEvents)
 	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
 	if len(c.Scenarios) == 0 {
-		for _, s := range Scenarios {
-			c.Scenarios = append(c.Scenarios, s.Name)
-		}
+		c.Scenarios = ScenarioNames()
 	}
+	// Always the canonical order, whatever the flags' order: tables from
+	// different runs line up.
+	names := ScenarioNames()
+	c.Scenarios = slices.Clone(c.Scenarios)
+	slices.SortStableFunc(c.Scenarios, func(a, b string) int {
+		return cmp.Compare(slices.Index(names, a), slices.Index(names, b))
+	})
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -124,35 +124,29 @@ func expiredKey(ctx context.Context, c *cell) error {
 	}
 	// Phase 1: the consumer alone (no monitor, no reaper yet), so the lost
 	// ones stay in the PEL, as a message stuck for a day does.
-	var r *rig
-	var err error
-	var stripe any
+	apiMode := stripeapi.ModePaymentIntents
 	if c.mode == ModeNaive {
-		sc, serr := c.stripe(stripeapi.ModeCharges, timeouts)
-		if serr != nil {
-			return serr
+		apiMode = stripeapi.ModeCharges
+	}
+	sc, err := c.stripe(apiMode, timeouts)
+	if err != nil {
+		return err
+	}
+	r := newRig()
+	if c.mode == ModeNaive {
+		a, err := c.naiveConsumer("worker-1", 1, false, sc)
+		if err != nil {
+			return err
 		}
-		stripe = sc
-		a, aerr := c.naiveConsumer("worker-1", 1, false, sc)
-		if aerr != nil {
-			return aerr
-		}
-		r = newRig()
 		r.runNaive(ctx, a, c.log)
 	} else {
-		sc, serr := c.stripe(stripeapi.ModePaymentIntents, timeouts)
-		if serr != nil {
-			return serr
-		}
-		stripe = sc
-		cons, cerr := consumer.New(c.pelguardConfig("", sc))
-		if cerr != nil {
-			return cerr
+		cons, err := consumer.New(c.pelguardConfig("", sc))
+		if err != nil {
+			return err
 		}
 		if err := cons.Start(ctx); err != nil {
 			return err
 		}
-		r = newRig()
 		r.stops = append(r.stops, cons.Stop)
 	}
 	werr := c.waitUntil(ctx, c.drainTimeout(), func(s state) bool {
@@ -168,13 +162,13 @@ func expiredKey(ctx context.Context, c *cell) error {
 	c.clk.Advance(25 * time.Hour)
 
 	if c.mode == ModeNaive {
-		a, aerr := c.naiveConsumer("worker-1", 1, false, stripe.(*stripeapi.Client))
+		a, aerr := c.naiveConsumer("worker-1", 1, false, sc)
 		if aerr != nil {
 			return aerr
 		}
 		r, err = c.startNaive(ctx, a)
 	} else {
-		r, err = c.startPelguard(ctx, "", stripe.(*stripeapi.Client))
+		r, err = c.startPelguard(ctx, "", sc)
 	}
 	if err != nil {
 		return err
