@@ -60,9 +60,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&jsonOut, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&htmlFile, "html", "", "also write a self-contained HTML report (chart and table) to this file")
 	logging.Register(fs)
+	// The components log every charge at info: the drill's output is its
+	// progress line and table, so it shows only errors unless asked.
 	if err := fs.Set("log-level", cli.Env("LOG_LEVEL", "error")); err != nil {
 		return cli.Fail(stderr, "chaos", err)
 	}
+	fs.Lookup("log-level").DefValue = "error"
 	if err := cli.Parse(fs, args); err != nil {
 		return cli.Fail(stderr, "chaos", err)
 	}
