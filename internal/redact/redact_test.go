@@ -67,3 +67,30 @@ func TestErrorKeepsChain(t *testing.T) {
 		t.Fatal("errors.Is lost the original error")
 	}
 }
+
+// The patterns that came from alerts.Redact: one function for logs, errors,
+// alerts and --help.
+func TestStringCoversWhatAlertsNeed(t *testing.T) {
+	t.Parallel()
+	for in, gone := range map[string]string{
+		"xoxp-1-2-3":                            "xoxp-1-2-3",
+		"sk_live_abc":                           "sk_live_abc",
+		"pi_3Mtw_secret_YrKJUKribcBjcG8H":       "YrKJUKribcBjcG8H",
+		"card 4242 4242 4242 4242 declined":     "4242 4242 4242 4242",
+		"api_key=abc123secret":                  "abc123secret",
+		"rediss://default:hunter2@cache:6380":   "hunter2",
+		"http://hooks.slack.com/services/T/B/Z": "T/B/Z",
+	} {
+		if got := String(in); strings.Contains(got, gone) {
+			t.Errorf("String(%q) = %q: %q survived", in, got, gone)
+		}
+	}
+	for _, keep := range []string{"entry 1700000000000-0 idle 90000ms", "order 1234567890123", "stream id 4242424242424242-0"} {
+		if got := String(keep); got != keep {
+			t.Errorf("String(%q) = %q, want unchanged", keep, got)
+		}
+	}
+	if got := URL("redis://:hunter22@localhost:6379/0"); got != "redis://:"+Mask+"@localhost:6379/0" {
+		t.Errorf("URL = %q", got)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/stripe/stripe-go/v76"
+
+	"github.com/pelguard/pelguard/internal/redact"
 )
 
 // Error kinds. Every error returned by Client wraps exactly one of them, so a
@@ -92,10 +94,12 @@ func (e *Error) Unwrap() []error {
 // masked forms such as sk_test_****1234) wherever they appear in text.
 var keyLike = regexp.MustCompile(`\b(?:sk|rk)_[A-Za-z0-9_*]{3,}`)
 
-// scrub removes anything key-like from s. Stripe masks keys in its own
-// messages, but a proxy, a test double or a wrapped net error might not.
+// scrub removes anything key-like from s (also the partially masked forms
+// Stripe prints), then applies pelguard's one redaction function. Stripe
+// masks keys in its own messages, but a proxy, a test double or a wrapped net
+// error might not.
 func scrub(s string) string {
-	return keyLike.ReplaceAllString(s, "[REDACTED]")
+	return redact.String(keyLike.ReplaceAllString(s, redact.Mask))
 }
 
 // statusError carries the HTTP status of the last attempt when stripe-go
