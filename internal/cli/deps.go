@@ -27,7 +27,7 @@ const (
 
 // RegisterRedis adds --redis-url.
 func RegisterRedis(fs *flag.FlagSet, dst *string) {
-	fs.StringVar(dst, "redis-url", Env("REDIS_URL", DefaultRedisURL), "Redis URL, redis://[:password@]host:port/db or rediss:// [REDIS_URL]")
+	fs.StringVar(dst, "redis-url", Env("REDIS_URL", DefaultRedisURL), "Redis URL, redis://[:password@]host:port/db or rediss://; a Redis Cluster: redis+cluster://host1:port1,host2:port2/ [REDIS_URL]")
 }
 
 // RegisterDatabase adds --database-url.
@@ -35,18 +35,19 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 	fs.StringVar(dst, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger [DATABASE_URL]")
 }
 
-// OpenRedis parses url and pings the server.
+// OpenRedis parses url and pings the server. A redis+cluster:// URL (see
+// ParseClusterURL) gives a *redis.ClusterClient, anything else a single-node
+// client.
 func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
-	opt, err := redis.ParseURL(url)
+	c, addr, err := newRedisClient(url)
 	if err != nil {
 		return nil, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
 	}
-	c := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("connecting to Redis at %s (is it running? is REDIS_URL right?): %w", opt.Addr, redact.Error(err))
+		return nil, fmt.Errorf("connecting to Redis at %s (is it running? is REDIS_URL right?): %w", addr, redact.Error(err))
 	}
 	return c, nil
 }
