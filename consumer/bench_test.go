@@ -114,7 +114,7 @@ func BenchmarkConsumer(b *testing.B) {
 
 func setupBench(b *testing.B) *bundle { return setup(b, opts{}) }
 
-func (w *bundle) seed(b *testing.B, n int) {
+func (w *bundle) seed(b testing.TB, n int) {
 	pipe := w.rdb.Pipeline()
 	for i := range n {
 		pipe.XAdd(context.Background(), &redis.XAddArgs{Stream: w.stream, Values: map[string]any{"payload": ev(i).Payload()}})

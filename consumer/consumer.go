@@ -195,7 +195,7 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 // groups start at "0": entries already on the stream are billed.
 func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, stream, group string) error {
 	err := rdb.XGroupCreateMkStream(ctx, stream, group, "0").Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
 		return fmt.Errorf("creating group %s on %s: %w", group, stream, err)
 	}
 	return nil
@@ -319,7 +319,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		case readCtx.Err() != nil:
 			return readCtx.Err()
 		case err != nil:
-			if strings.HasPrefix(err.Error(), "NOGROUP") {
+			if redis.HasErrorPrefix(err, "NOGROUP") {
 				// The group vanished (Redis restarted empty, or a rollback
 				// lost it): recreate it rather than spin.
 				if gerr := EnsureGroup(readCtx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); gerr != nil {

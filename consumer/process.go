@@ -203,9 +203,15 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	default:
 		// Idempotency mismatch, permission, authentication, invalid request:
 		// retrying cannot help. Record it, park the event, tell a human.
-		p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
+		// A key problem (403 names the missing permission, 401) fails every
+		// event alike: one alert per permission (deduplicated), not one per
+		// customer; the dead-letter summary counts the events to replay.
+		// The consumer deliberately does not pause: see "Runbook" in the
+		// README for why failing + dead-lettering is the chosen behaviour.
 		if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
 			p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
+		} else {
+			p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
 		}
 		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()}); ferr != nil || res == OutcomeLeaseLost {
 			return res, ferr

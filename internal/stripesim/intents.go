@@ -6,6 +6,12 @@ package stripesim
 // back in requires_payment_method, a failed charge and a 402. Without
 // confirm it only records the intent; there is no separate confirm endpoint.
 func (s *Server) createIntent(c *apiCall) response {
+	if c.form.expands("latest_charge") {
+		// As on Stripe, expanding an object needs read access to it.
+		if resp, ok := c.require("charges_read"); !ok {
+			return resp
+		}
+	}
 	p, resp, ok := s.parseChargeParams(c)
 	if !ok {
 		return resp
@@ -49,6 +55,11 @@ func (s *Server) createIntent(c *apiCall) response {
 	}
 	st.addCharge(ch)
 	out := pi.json()
+	if c.form.expands("latest_charge") {
+		// Stripe honours expand on create too; without it every charge
+		// would cost the client a second request.
+		out.LatestCharge = ch.json()
+	}
 	st.mu.Unlock()
 	s.chargeCreates.Add(1)
 	if ch.status == "failed" {
