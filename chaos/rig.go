@@ -50,18 +50,20 @@ func (r *rig) loop(ctx context.Context, every time.Duration, once func(context.C
 				return
 			default:
 			}
+			pause := every
 			if err := once(ctx); err != nil && ctx.Err() == nil {
 				// The seed's loop would die here; the drill keeps going,
 				// which leaves the entries pending exactly as a crash would.
 				log.Debug("chaos: naive loop error, entries stay pending", slog.Any("error", err))
+				pause = max(pause, 100*time.Millisecond)
 			}
-			if every > 0 {
+			if pause > 0 {
 				select {
 				case <-r.stopping:
 					return
 				case <-ctx.Done():
 					return
-				case <-time.After(every):
+				case <-time.After(pause):
 				}
 			}
 		}
