@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -89,8 +90,22 @@ func ParseClusterURL(raw string) (*redis.ClusterOptions, error) {
 	if enc := q.Encode(); enc != "" {
 		u += "?" + enc
 	}
-	return redis.ParseClusterURL(u)
+	opt, err := redis.ParseClusterURL(u)
+	if err != nil {
+		return nil, err
+	}
+	opt.ClusterStateReloadInterval = ClusterStateReload
+	return opt, nil
 }
+
+// ClusterStateReload is how often the cluster client re-reads the topology
+// (CLUSTER SLOTS) while commands flow. go-redis reloads at once on MOVED/ASK,
+// but a SIGKILLed master answers nothing: with go-redis's default (60 s)
+// every command for its slots would keep dialling the dead address for up to
+// a minute after its replica was promoted. One cheap CLUSTER SLOTS a second
+// bounds that to about a second.
+const ClusterStateReload = time.Second
+
 
 // newRedisClient builds a single-node or cluster client from a URL, and the
 // address list to name in errors.
