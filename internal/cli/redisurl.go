@@ -106,7 +106,6 @@ func ParseClusterURL(raw string) (*redis.ClusterOptions, error) {
 // bounds that to about a second.
 const ClusterStateReload = time.Second
 
-
 // newRedisClient builds a single-node or cluster client from a URL, and the
 // address list to name in errors.
 func newRedisClient(raw string) (redis.UniversalClient, string, error) {
