@@ -79,3 +79,22 @@ func TestUnreachableRedis(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 }
+
+// Without redis-server, aof-rollback is skipped with a visible note and the
+// other scenarios still decide the exit status.
+func TestMissingRedisServerSkipsAOFRollback(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no redis-server; not parallel: it changes the environment
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), args("--scenario", "aof-rollback", "--scenario", "expired-key"), &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, w := range []string{stdout.String(), stderr.String()} {
+		if !strings.Contains(w, "SKIPPED aof-rollback: redis-server is not installed") {
+			t.Errorf("no visible skip note in %q", w)
+		}
+	}
+	if !strings.Contains(stdout.String(), "expired-key") || strings.Contains(stdout.String(), "aof-rollback     naive") {
+		t.Errorf("table:\n%s", stdout.String())
+	}
+}
