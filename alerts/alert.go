@@ -14,6 +14,7 @@ package alerts
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -342,15 +343,38 @@ func StripeLookupFailed(customerID, period string, err string) Alert {
 }
 
 // PermissionDenied reports a restricted Stripe key that lacks a permission
-// pelguard needs; detail should name the permission.
+// pelguard needs; detail is Stripe's 403 message, which names the permission
+// ("Having the 'rak_charge_write' permission would allow this request to
+// continue"). Repeats for the same permission are deduplicated, so a key
+// missing a permission yields one alert per dedupe interval, not one per
+// event.
 func PermissionDenied(detail string) Alert {
+	perm := MissingPermission(detail)
+	fields := []Field(nil)
+	fp := "permission_denied:" + detail
+	if perm != "" {
+		fields = []Field{{Label: "Missing permission", Value: perm}}
+		fp = "permission_denied:" + perm
+	}
 	return Alert{
 		Kind:  KindPermissionDenied,
 		Title: "Stripe key lacks a permission",
 		Text: Escape(detail) + "\nGrant it on the restricted key in the Stripe dashboard " +
-			"(Developers → API keys); calls that need it fail until then.",
-		Fingerprint: "permission_denied:" + detail,
+			"(Developers → API keys → the key → Edit); calls that need it fail until then. " +
+			"Events that failed meanwhile are in the dead-letter stream with reason " +
+			"`stripe_permanent_error`: replay them once the key is fixed.",
+		Fields:      fields,
+		Fingerprint: fp,
 	}
+}
+
+// rakPermission matches the permission Stripe names in a 403 message.
+var rakPermission = regexp.MustCompile(`\brak_[a-z_]+\b`)
+
+// MissingPermission returns the restricted-key permission a Stripe 403
+// message names (e.g. "rak_payment_intent_write"), or "".
+func MissingPermission(msg string) string {
+	return rakPermission.FindString(msg)
 }
 
 func plural(n int) string {

@@ -43,6 +43,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "pelguard_alerts_dropped_total", Help: "Alerts not attempted, by reason (queue_full, deduped, closed, shutdown).",
 		}, []string{"reason"}),
 	}
+	// Every kind and reason starts at zero, so dashboards and alert rules see
+	// the series before the first failure.
+	for _, k := range []Kind{KindAuditSummary, KindAuditFinding, KindDeadLetters, KindSpendCap, KindReaperAnomaly,
+		KindChargeFailed, KindStripeLookupFailed, KindPermissionDenied} {
+		m.sent.WithLabelValues(string(k))
+		m.failed.WithLabelValues(string(k))
+	}
+	for _, r := range []string{DropQueueFull, DropDeduped, DropClosed, DropShutdown} {
+		m.dropped.WithLabelValues(r)
+	}
 	if reg == nil {
 		return m, nil
 	}

@@ -2,10 +2,12 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/stripeapi"
 )
 
 // alert sends the run's summary with its new findings only: a finding is
@@ -70,4 +72,16 @@ func cmpStr(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// alertKey tells a human when a run or a refund failed because the Stripe
+// key lacks a permission (403, the message names it) or was rejected (401):
+// retrying cannot help until the key is fixed.
+func (a *Auditor) alertKey(err error) {
+	if a.cfg.Notifier == nil || err == nil {
+		return
+	}
+	if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
+		a.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
+	}
 }

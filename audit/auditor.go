@@ -130,6 +130,7 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 		runErr = errors.Join(runErr, err)
 	}
 	if runErr != nil {
+		a.alertKey(runErr)
 		a.log.Error("audit run failed", slog.Int64("run_id", rep.RunID), slog.Any("error", runErr))
 		return rep, fmt.Errorf("audit run %d: %w", rep.RunID, runErr)
 	}
@@ -142,6 +143,7 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 		rr, err := a.refund(ctx, RefundOptions{MaxRefunds: a.cfg.MaxRefunds, MaxCents: a.cfg.MaxCents})
 		rep.Refund = &rr
 		if err != nil {
+			a.alertKey(err)
 			return rep, fmt.Errorf("auto-refund after run %d: %w", rep.RunID, err)
 		}
 	}

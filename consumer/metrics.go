@@ -38,6 +38,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Entries sent to the dead-letter stream, by reason.",
 		}, []string{"reason"}),
 	}
+	// Known label values start at zero, so a dashboard's rate() and an alert
+	// on "failed > 0" see the series before the first such event.
+	for _, o := range []Outcome{OutcomeCharged, OutcomeAlreadyBilled, OutcomeDeclined, OutcomeFailed, OutcomeDeadLetter,
+		OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater, OutcomeLeaseLost} {
+		m.events.WithLabelValues(string(o))
+	}
+	for _, r := range []string{"renewed", "lost", "error"} {
+		m.heartbeats.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters)
 	}

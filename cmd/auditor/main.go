@@ -15,6 +15,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/stripeapi"
@@ -58,7 +61,14 @@ const usage = `Usage: auditor [run] [flags]          audit a window (default: si
 
 Exit status: 0 clean, 1 open findings (or duplicates left unrefunded), 2 error.
 Run 'auditor COMMAND --help' for the flags of each command.
-`
+
+` + permissions + "\n"
+
+// permissions is what the auditor's Stripe key needs, shown in --help.
+const permissions = `Stripe permissions (a restricted key, rk_live_…): Charges Read and PaymentIntents Read; Refunds
+Write only for 'auditor refund' and --auto-refund (give plain runs a key without it). An
+unrestricted sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing
+permission, fails the run (exit 2) and alerts Slack.`
 
 // common holds what every subcommand shares.
 type common struct {
@@ -79,6 +89,10 @@ type auditFlags struct {
 	stripe cli.Stripe
 	slack  cli.Slack
 	cfg    audit.Config
+	// reg, when set (--schedule), receives the alerts' metrics; pool is
+	// the ledger's pool once open has run (for /readyz).
+	reg  prometheus.Registerer
+	pool *pgxpool.Pool
 }
 
 func (f *auditFlags) register(fs *flag.FlagSet) {
@@ -106,6 +120,7 @@ func (f *auditFlags) open(ctx context.Context, stderr io.Writer, notify bool) (*
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	f.pool = pool
 	cleanup := pool.Close
 	cfg := f.cfg
 	cfg.Pool, cfg.Logger = pool, logger
@@ -116,7 +131,7 @@ func (f *auditFlags) open(ctx context.Context, stderr io.Writer, notify bool) (*
 	cfg.Stripe = stripeapi.Config{APIKey: f.stripe.APIKey, BaseURL: f.stripe.APIBase, Mode: stripeapi.Mode(f.stripe.Mode),
 		MaxNetworkRetries: retries, Timeout: f.stripe.Timeout, RateLimit: f.stripe.RateLimit}
 	if notify {
-		n, err := f.slack.Notifier(logger, nil)
+		n, err := f.slack.Notifier(logger, f.reg)
 		if err != nil {
 			pool.Close()
 			return nil, nil, nil, err
@@ -141,7 +156,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := cli.NewFlagSet(prog, "auditor [run] [flags]",
 		"Diffs the Stripe charges created in a window against the ledger and stores every finding\n"+
 			"(duplicate_charge, orphan_charge, missing_charge, amount_mismatch, stuck_pending) once.\n"+
-			"Exit status: 0 clean, 1 open findings, 2 error.", stderr)
+			"Exit status: 0 clean, 1 open findings, 2 error.\n\n"+permissions, stderr)
 	var f auditFlags
 	f.register(fs)
 	var from, to, schedule, metricsAddr string
@@ -160,7 +175,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.cfg.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
 	fs.StringVar(&schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
 	fs.BoolVar(&f.cfg.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents")
-	fs.StringVar(&metricsAddr, "metrics-addr", "", "serve /metrics, /healthz, /readyz here with --schedule (e.g. 127.0.0.1:9467)")
+	fs.StringVar(&metricsAddr, "metrics-addr", cli.Env("PELGUARD_AUDITOR_METRICS_ADDR", ""), "serve /metrics, /healthz, /readyz here with --schedule (e.g. 127.0.0.1:9466) [PELGUARD_AUDITOR_METRICS_ADDR]")
 	fs.DurationVar(&shutdown, "shutdown-timeout", 10*time.Minute, "on SIGTERM, wait this long for a run in progress")
 	if err := cli.Parse(fs, args); err != nil {
 		return cli.Fail(stderr, prog, err)
@@ -184,6 +199,11 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if isTerminal(stderr) && schedule == "" {
 		f.cfg.Progress = stderr
 	}
+	var reg *prometheus.Registry
+	if schedule != "" {
+		reg = cli.NewRegistry()
+		f.reg = reg
+	}
 	a, logger, cleanup, err := f.open(ctx, stderr, true)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
@@ -191,7 +211,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer cleanup()
 
 	if schedule != "" {
-		return runScheduled(ctx, a, logger, schedule, metricsAddr, shutdown, stderr)
+		return runScheduled(ctx, a, logger, schedule, metricsAddr, shutdown, reg, f.pool, stderr)
 	}
 	rep, err := a.Run(ctx, w)
 	switch {
@@ -209,12 +229,15 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return rep.ExitCode()
 }
 
-func runScheduled(ctx context.Context, a *audit.Auditor, logger *slog.Logger, spec, metricsAddr string, shutdown time.Duration, stderr io.Writer) int {
-	sched, err := a.NewScheduler(spec, nil)
+func runScheduled(ctx context.Context, a *audit.Auditor, logger *slog.Logger, spec, metricsAddr string, shutdown time.Duration,
+	reg *prometheus.Registry, pool *pgxpool.Pool, stderr io.Writer) int {
+	metrics := audit.NewMetrics(reg)
+	sched, err := a.NewScheduler(spec, metrics.Observe)
 	if err != nil {
 		return cli.Fail(stderr, prog, cli.Usagef("--schedule: %v", err))
 	}
-	ops, err := cli.ServeOps(metricsAddr, cli.NewRegistry(), nil, logger)
+	// The auditor needs Postgres only (it reads Stripe, not Redis).
+	ops, err := cli.ServeOps(metricsAddr, reg, []cli.Check{{Name: "postgres", Fn: pool.Ping}}, logger)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
@@ -239,7 +262,7 @@ func runRefund(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := cli.NewFlagSet(prog+" refund", "auditor refund ID|--all [flags]",
 		"Refunds open duplicate_charge findings (reason duplicate, one idempotency key per charge,\n"+
 			"never the canonical charge) and records each refund id. Stops at the first refund that\n"+
-			"would pass --max-refunds or --max-cents. Exit 1 when duplicates remain open.", stderr)
+			"would pass --max-refunds or --max-cents. Exit 1 when duplicates remain open.\n\n"+permissions, stderr)
 	var f auditFlags
 	f.register(fs)
 	var all bool

@@ -51,7 +51,13 @@ reclaimed; bad events go to <stream>:dead with the reason.
 Subcommands: run (default), cap set|show, migrate up|down|status.
 Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
 SLACK_BOT_TOKEN, SLACK_CHANNEL. On SIGTERM it stops reading, finishes events in flight and
-exits 0 within --shutdown-timeout.`
+exits 0 within --shutdown-timeout.
+
+Stripe permissions (a restricted key, rk_live_…): PaymentIntents Write (Charges Write with
+--stripe-mode charges), Charges Read, PaymentIntents Read (the lookup past --safe-key-window),
+Customers Read (payment_intents mode on live Stripe: the default payment method). An unrestricted
+sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing permission: the
+event ends failed and dead-lettered (replay it once the key is fixed) and Slack is told once.`
 
 type flags struct {
 	redisURL, dbURL    string

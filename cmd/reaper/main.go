@@ -57,7 +57,12 @@ beside the old monitor, compare, then switch. --once runs one pass and exits (cr
 Subcommands: run (default), migrate up|down|status.
 Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
 SLACK_BOT_TOKEN, SLACK_CHANNEL. The re-drive settings (--namespace above all, --lease, --require-cap,
---max-amount-cents, --strict-fields) must match the consumers'.`
+--max-amount-cents, --strict-fields) must match the consumers'.
+
+Stripe permissions: the consumer's, since re-drives charge through the same code: PaymentIntents
+Write (Charges Write with --stripe-mode charges), Charges Read, PaymentIntents Read, Customers Read
+(payment_intents mode on live Stripe). --dry-run needs no key. An unrestricted sk_live_ key is
+refused unless --allow-unrestricted-key.`
 
 // streamsFlag collects --stream, repeated: "name" (uses --group) or
 // "name=group".
