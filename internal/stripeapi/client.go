@@ -81,6 +81,8 @@ type Config struct {
 // limit is shared.
 type Client struct {
 	api       *client.API
+	backend   stripe.Backend // for the lean list decoding (list.go)
+	key       string
 	mode      Mode
 	resolvePM bool
 	observe   func(op string, d time.Duration, err error)
@@ -156,6 +158,7 @@ func New(cfg Config) (*Client, error) {
 	// Connect and Uploads are never used; pointing them at the same backend
 	// keeps client.New from falling back to the package-level globals.
 	c.api = client.New(cfg.APIKey, &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+	c.backend, c.key = backend, cfg.APIKey
 	return c, nil
 }
 

@@ -220,20 +220,15 @@ func (c *Client) FindCharge(ctx context.Context, stripeCustomerID string, since 
 	errStop := errors.New("found")
 	err := c.call(ctx, "find_charge", func(ctx context.Context) error {
 		p := &stripe.ChargeListParams{Customer: stripe.String(stripeCustomerID)}
-		p.Context = ctx
-		p.Limit = stripe.Int64(listPageSize)
 		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}
-		p.AddExpand("data.payment_intent")
-		it := c.api.Charges.List(p)
-		for it.Next() {
-			ch := toCharge(it.Charge())
+		return c.listCharges(ctx, p, func(ch Charge) (bool, error) {
 			if ch.Status == string(stripe.ChargeStatusSucceeded) && IsPelguard(ch.Metadata) &&
 				ch.Metadata[MetaIdempotencyKey] == idempotencyKey {
 				found, ok = ch, true
-				return errStop
+				return true, nil
 			}
-		}
-		return it.Err()
+			return false, nil
+		})
 	})
 	if errors.Is(err, errStop) {
 		err = nil
@@ -256,23 +251,19 @@ func (c *Client) ListCharges(ctx context.Context, from, to time.Time, fn func(Ch
 	var fnErr error
 	err := c.call(ctx, "list_charges", func(ctx context.Context) error {
 		p := &stripe.ChargeListParams{}
-		p.Context = ctx
-		p.Limit = stripe.Int64(listPageSize)
 		// Stripe's created filter has one-second resolution: round from
 		// up and to up so that [from, to) holds for sub-second bounds.
 		p.CreatedRange = &stripe.RangeQueryParams{
 			GreaterThanOrEqual: ceilUnix(from),
 			LesserThan:         ceilUnix(to),
 		}
-		p.AddExpand("data.payment_intent")
-		it := c.api.Charges.List(p)
-		for it.Next() {
-			if err := fn(toCharge(it.Charge())); err != nil {
+		return c.listCharges(ctx, p, func(ch Charge) (bool, error) {
+			if err := fn(ch); err != nil {
 				fnErr = err
-				return nil
+				return true, nil
 			}
-		}
-		return it.Err()
+			return false, nil
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("listing charges in [%s, %s): %w", from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339), err)
