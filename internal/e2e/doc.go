@@ -1,0 +1,8 @@
+// Package e2e runs the pelguard binaries (consumer, reaper, auditor) as real
+// subprocesses against real Redis and Postgres and the Stripe emulator, and
+// checks what an operator and a platform team rely on: no secret ever
+// reaches their output (invariant 7), Stripe key governance (sk_live_
+// refused, rk_ accepted, a 403 fails fast and alerts), every metric the
+// Grafana dashboard names exists, and the deploy/ manifests and units only
+// use flags and probe paths the binaries really have. It has only tests.
+package e2e
