@@ -49,7 +49,7 @@ func TestNoSecretInOutput(t *testing.T) {
 			{"bad value", secretEnv(), []string{"--stripe-key", testKey, "--log-level", "loud"}, 2, "--log-level"},
 			{"live key refused", secretEnv("STRIPE_API_KEY=" + liveKey), nil, 2, "refusing an unrestricted live key"},
 			{"unreachable postgres", secretEnv("DATABASE_URL=" + unreachableDB), nil, 2, bin},
-			{"slack token without channel", secretEnv("SLACK_WEBHOOK_URL=", "SLACK_BOT_TOKEN=" + slackBotToken), nil, 2, "SLACK_CHANNEL"},
+			{"slack token without channel", secretEnv("SLACK_WEBHOOK_URL=", "SLACK_BOT_TOKEN="+slackBotToken), nil, 2, "SLACK_CHANNEL"},
 			{"migrate, unreachable postgres", secretEnv("DATABASE_URL=" + unreachableDB), []string{"migrate", "status"}, 2, "migrate"},
 			{"migrate status", secretEnv(), []string{"migrate", "status"}, 0, "applied"},
 		}
