@@ -19,7 +19,7 @@ func TestParseClusterURL(t *testing.T) {
 	if got := strings.Join(opt.Addrs, ","); got != "10.0.0.1:7000,10.0.0.2:7001,10.0.0.3:7002" {
 		t.Errorf("Addrs = %s", got)
 	}
-	if opt.Username != "app" || opt.Password != "s3cret" || opt.DialTimeout != 3*time.Second || opt.MaxRedirects != 5 || opt.TLSConfig != nil || opt.ClusterStateReloadInterval != ClusterStateReload {
+	if opt.Username != "app" || opt.Password != "s3cret" || opt.DialTimeout != 3*time.Second || opt.MaxRedirects != 5 || opt.TLSConfig != nil {
 		t.Errorf("options = %+v", opt)
 	}
 	opt, err = ParseClusterURL("rediss+cluster://:pw@h:1")

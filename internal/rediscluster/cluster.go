@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/internal/cli"
 )
 
 // ErrUnsupported means the local redis-server or redis-cli cannot run a
@@ -242,12 +244,11 @@ func (c *Cluster) Addrs() []string {
 // URL is the cluster in pelguard's redis+cluster:// form.
 func (c *Cluster) URL() string { return "redis+cluster://" + strings.Join(c.Addrs(), ",") + "/" }
 
-// Client returns a cluster client for the nodes, configured as
-// cli.OpenRedis configures one for a redis+cluster:// URL (topology re-read
-// every second, so a promoted replica is found without a MOVED); the caller
-// closes it.
+// Client returns a cluster client for the nodes, built as cli.OpenRedis
+// builds one for a redis+cluster:// URL (cli.NewClusterClient: topology
+// re-read on failover errors); the caller closes it.
 func (c *Cluster) Client() *redis.ClusterClient {
-	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ClusterStateReloadInterval: time.Second})
+	return cli.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 }
 
 // Stop kills every node and waits for them to exit.
