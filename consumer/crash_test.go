@@ -197,3 +197,26 @@ func copyDir(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// An entry trimmed from the stream (XADD MAXLEN) while its Stripe call is in
+// flight: the heartbeat must not drop it from the PEL or cancel the work;
+// the charge is recorded and the entry acked.
+func TestTrimmedWhileInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	_ = b.sim.SetFaults(simLatency(700 * time.Millisecond))
+	e := ev(1)
+	ids := b.add(t, e)
+	cfg := b.config(t, "")
+	cfg.Lease = 300 * time.Millisecond // heartbeats every 100 ms during the call
+	start(t, cfg)
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusPending }, "call in flight")
+	if err := b.rdb.XDel(context.Background(), b.stream, ids[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusCharged && b.pending(t) == 0 },
+		"charged and acked although trimmed")
+	if n := b.charges(e); n != 1 {
+		t.Fatalf("%d charges", n)
+	}
+}

@@ -336,9 +336,10 @@ func TestDeclinedAndPermanentErrors(t *testing.T) {
 	}
 }
 
-// A restricted key without charge permission: the event is recorded failed,
-// dead-lettered and acked, not retried forever.
-func TestPermissionErrorDeadLetters(t *testing.T) {
+// A restricted key without charge permission: nothing is charged, the entry
+// is parked in the dead-letter stream (not retried in a loop), and the row
+// stays pending, so replaying the event once the key is fixed charges it.
+func TestPermissionErrorParksEventForReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, opts{})
 	b.sim.SetKeyPermissions("rk_test_readonly", "charges_read")
@@ -350,17 +351,55 @@ func TestPermissionErrorDeadLetters(t *testing.T) {
 	b.add(t, e)
 	cfg := b.config(t, "")
 	cfg.Stripe = sc
-	start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e).Terminal() && b.pending(t) == 0 }, "recorded and acked")
-	if r := b.record(t, e); r.Status != ledger.StatusFailed {
-		t.Fatalf("row %v", r.Status)
-	}
+	c := start(t, cfg)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 1 && b.pending(t) == 0 }, "parked")
 	dl := deadLetters(t, b)
-	if len(dl) != 1 || dl[0].Values["reason"] != consumer.ReasonStripePerm {
-		t.Fatalf("dead letters: %+v", dl)
+	if dl[0].Values["reason"] != consumer.ReasonStripeKey {
+		t.Fatalf("reason %v", dl[0].Values["reason"])
+	}
+	if r := b.record(t, e); r.Status != ledger.StatusPending || r.LeaseOwner != "" {
+		t.Fatalf("row %s owner %q: must stay pending with its lease released", r.Status, r.LeaseOwner)
 	}
 	if b.sim.ChargeCreates() != 0 {
 		t.Fatal("no charge may be made")
+	}
+	// The key is fixed; the dead letter is replayed.
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.addRaw(t, map[string]any{"payload": dl[0].Values["payload"]})
+	start(t, b.config(t, ""))
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusCharged && b.pending(t) == 0 }, "replayed and charged")
+	if n := b.charges(e); n != 1 {
+		t.Fatalf("%d charges", n)
+	}
+}
+
+// The key was first used with other parameters and that first attempt did
+// charge (its reply was lost): Stripe answers idempotency_error on the retry.
+// The outcome is not "failed": the consumer finds the charge and records it.
+func TestIdempotencyMismatchFindsEarlierCharge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{noKeepAliv: true})
+	_ = b.sim.SetFaults(stripesim.Faults{DropNextCharges: 1})
+	e := ev(1)
+	b.add(t, e)
+	msgs := b.read(t, "consumer-A", 1)
+	cfg := b.config(t, "consumer-A")
+	cfg.Description = func(ev event.Event) string { return "old description " + ev.BillingPeriod }
+	if out, _ := processor(t, cfg).Process(context.Background(), b.stream, msgs[0]); out != consumer.OutcomeRetryLater {
+		t.Fatalf("first attempt: %v", out)
+	}
+	// A deploy changed the description: same key, different parameters.
+	out, err := processor(t, b.config(t, "consumer-A")).Process(context.Background(), b.stream, msgs[0])
+	if out != consumer.OutcomeCharged || err != nil {
+		t.Fatalf("retry: %v %v", out, err)
+	}
+	if r := b.record(t, e); r.Status != ledger.StatusCharged || r.ChargeID != b.sim.Charges()[0].ID {
+		t.Fatalf("ledger %+v", r)
+	}
+	if n := b.charges(e); n != 1 || b.pending(t) != 0 {
+		t.Fatalf("%d charges, %d pending", n, b.pending(t))
 	}
 }
 

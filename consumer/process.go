@@ -48,6 +48,7 @@ const (
 	ReasonNoSpendCap  = "no_spend_cap"
 	ReasonConflict    = "conflicting_event"
 	ReasonStripePerm  = "stripe_permanent_error"
+	ReasonStripeKey   = "stripe_key_error" // 401/403: row left pending; replay once the key is fixed
 	ReasonMaxDelivery = "max_deliveries"
 )
 
@@ -200,23 +201,54 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 			return p.release(ctx, rec, OutcomeLeaseLost, nil)
 		}
 		return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("stripe: %w", err))
+	case errors.Is(err, stripeapi.ErrPermission), errors.Is(err, stripeapi.ErrAuthentication):
+		// A key problem (403 names the missing permission, 401): nothing was
+		// charged, and the event must stay chargeable once the key is fixed.
+		// The row stays pending (lease released, cap still reserved), the
+		// entry is parked in the dead-letter stream for replay instead of
+		// being retried in a loop, and one alert per permission is sent
+		// (deduplicated), not one per customer.
+		p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
+		p.releaseQuiet(ctx, rec, err)
+		return p.deadLetter(ctx, h.stream, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
+	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
+		// The key was first used with other parameters (a changed default
+		// payment method, a config change between attempts). That first use
+		// may have charged: the outcome is unknown, so look before deciding.
+		return p.resolveMismatch(h, rec, ev, err, log)
 	default:
-		// Idempotency mismatch, permission, authentication, invalid request:
-		// retrying cannot help. Record it, park the event, tell a human.
-		// A key problem (403 names the missing permission, 401) fails every
-		// event alike: one alert per permission (deduplicated), not one per
-		// customer; the dead-letter summary counts the events to replay.
-		// The consumer deliberately does not pause: see "Runbook" in the
-		// README for why failing + dead-lettering is the chosen behaviour.
-		if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
-			p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
-		} else {
-			p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
-		}
+		// Invalid request: Stripe refused it outright, nothing was charged
+		// and retrying cannot help. Record it, park the event, tell a human.
+		p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
 		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()}); ferr != nil || res == OutcomeLeaseLost {
 			return res, ferr
 		}
 		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
+	}
+}
+
+// resolveMismatch handles Stripe's idempotency_error: find the charge the key
+// already made and record it, or leave the event pending and alert.
+func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, cause error, log *slog.Logger) (Outcome, error) {
+	ctx := h.ctx
+	found, ok, err := p.cfg.Stripe.FindCharge(ctx, rec.StripeCustomerID, rec.FirstAttemptAt.Add(-time.Hour), rec.IdempotencyKey)
+	if err == nil && ok {
+		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
+			slog.String("charge_id", found.ID))
+		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+	}
+	detail := "idempotency key reused with different parameters and no earlier charge found; it stays pending until the key expires at Stripe"
+	if err != nil {
+		detail = "idempotency key reused with different parameters, and looking for the earlier charge failed: " + err.Error()
+	}
+	p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, detail))
+	return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("%s: %w", detail, cause))
+}
+
+// releaseQuiet gives the lease up, logging (not returning) a failure.
+func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause error) {
+	if err := p.cfg.Ledger.Release(context.WithoutCancel(ctx), rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 }
 
