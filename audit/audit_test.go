@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 )
 
@@ -481,5 +482,41 @@ func TestAutoRefundWithinCaps(t *testing.T) {
 	}
 	if rep.Refund == nil || len(rep.Refund.Refunded) != 2 || rep.Refund.StoppedBy != "max-refunds" || len(b.refunds(t)) != 2 {
 		t.Fatalf("auto-refund: %+v", rep.Refund)
+	}
+}
+
+// A duplicate refunded by hand after the audit must not block the others:
+// Stripe refuses its refund, it is skipped with the reason, the rest are
+// refunded, and a partly hand-refunded duplicate gets only its remainder.
+func TestRefundSkipsWhatStripeRefusesAndGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.world(t)
+	a := b.auditor(t, nil)
+	ctx := context.Background()
+	if _, err := a.Run(ctx, Window{From: w0, To: w1}); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: "sk_test_hand", BaseURL: b.sim.URL(), MaxNetworkRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Refund(ctx, w.dup, 0, "by-hand-1"); err != nil { // the whole duplicate, by hand
+		t.Fatal(err)
+	}
+	if _, err := sc.Refund(ctx, w.late, 100, "by-hand-2"); err != nil { // part of another
+		t.Fatal(err)
+	}
+	rr, err := a.Refund(ctx, RefundOptions{MaxRefunds: 100, MaxCents: 1_000_000})
+	if err != nil {
+		t.Fatalf("one refused refund must not fail the run: %v", err)
+	}
+	if len(rr.Refunded) != 2 || len(rr.Skipped) != 1 || rr.Skipped[0].ChargeID != w.dup {
+		t.Fatalf("refunded %d skipped %+v", len(rr.Refunded), rr.Skipped)
+	}
+	for _, id := range []string{w.dup, w.partial, w.late} {
+		if ch, _ := b.sim.Charge(id); !ch.Refunded || ch.AmountRefunded != ch.Amount {
+			t.Errorf("duplicate %s not fully refunded: refunded %d of %d", id, ch.AmountRefunded, ch.Amount)
+		}
 	}
 }

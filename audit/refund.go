@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
 )
 
 // RefundKeyPrefix prefixes the idempotency key of every refund: one key per
@@ -134,7 +135,19 @@ func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundR
 			break
 		}
 		if !opts.DryRun {
-			re, err := a.stripe.Refund(ctx, f.ChargeID, f.AmountCents, RefundKeyPrefix+f.ChargeID)
+			// Amount 0 refunds whatever the charge still holds: if someone
+			// refunded part of it by hand since the audit, asking for the
+			// audited amount would be refused forever.
+			re, err := a.stripe.Refund(ctx, f.ChargeID, 0, RefundKeyPrefix+f.ChargeID)
+			if err != nil && !errors.Is(err, stripeapi.ErrTransient) {
+				// Permanent for this charge (already refunded by hand, a
+				// dispute, a closed account): skip it, say why, and go on,
+				// so one such finding cannot block every later refund.
+				res.Skipped = "Stripe refused the refund: " + err.Error()
+				rep.Skipped = append(rep.Skipped, res)
+				a.log.Warn("refund refused by Stripe; skipped", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID), slog.Any("error", err))
+				continue
+			}
 			if err != nil {
 				rep.Remaining = len(todo) - i
 				return rep, fmt.Errorf("refunding duplicate %s (finding %d): %w", f.ChargeID, f.ID, err)
