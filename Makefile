@@ -14,7 +14,10 @@ help: ## List the targets
 services: ## Make Redis and Postgres reachable; prints the exports (make services-stop ends them)
 	@scripts/services.sh env
 
-services-stop: ## Stop services that `make services` started
+cluster: ## Start a local Redis Cluster (3 masters + 3 replicas); prints its REDIS_URL (make services-stop ends it)
+	@scripts/services.sh cluster
+
+services-stop: ## Stop services that `make services` or `make cluster` started
 	@scripts/services.sh stop
 
 tools: ## Install stripe-mock (Stripe's official request-shape checker) if missing
@@ -42,4 +45,4 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi
 
-.PHONY: help services services-stop tools build test bench demo fuzz lint
+.PHONY: help services cluster services-stop tools build test bench demo fuzz lint

@@ -5,7 +5,10 @@
 #                                   anything it started running: `stop` ends it)
 #   scripts/services.sh run CMD...  ensure both answer, run CMD with REDIS_URL and
 #                                   DATABASE_URL exported, stop what it started
-#   scripts/services.sh stop        stop services an earlier `env` started
+#   scripts/services.sh stop        stop services an earlier `env` or `cluster` started
+#   scripts/services.sh cluster     start a local Redis Cluster (3 masters, 3 replicas,
+#                                   AOF everysec, node timeout 2s) on free loopback
+#                                   ports; print its REDIS_URL (redis+cluster://…)
 #
 # It uses REDIS_URL / DATABASE_URL when they answer, else the usual local
 # addresses (127.0.0.1:6379, postgres@127.0.0.1:5432), else it starts a
@@ -77,6 +80,56 @@ ensure_redis() {
   log "started Redis on 127.0.0.1:$port ($STARTED_DIR/redis)"
 }
 
+# start_cluster: six cluster-enabled redis-servers joined by redis-cli
+# --cluster create with one replica per master, in $STARTED_DIR/cluster.
+# The bus port of each node is its port + 10000, so both must be free; ports
+# 20000-22699 keep both below Linux's ephemeral range (32768+), where an
+# outgoing connection could hold a port that nothing listens on.
+cluster_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$(( 20000 + RANDOM % 2700 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; then
+      echo "$p"; return
+    fi
+  done
+  die "no free port pair for a cluster node"
+}
+
+start_cluster() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server
+  start_dir
+  local addrs=() port node
+  for _ in 1 2 3 4 5 6; do
+    port=$(cluster_port)
+    node="$STARTED_DIR/cluster/$port"
+    mkdir -p "$node"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$node" --daemonize yes \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --appendonly yes --appendfsync everysec --save "" \
+      --pidfile "$node/redis.pid" --logfile "$node/redis.log" >&2
+    addrs+=("127.0.0.1:$port")
+  done
+  for a in "${addrs[@]}"; do
+    for _ in $(seq 1 100); do redis_answers "redis://$a" && break; sleep 0.1; done
+    redis_answers "redis://$a" || die "cluster node $a did not start; see $STARTED_DIR/cluster/${a##*:}/redis.log"
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$STARTED_DIR/cluster/create.log" 2>&1 \
+    || die "redis-cli --cluster create failed; see $STARTED_DIR/cluster/create.log"
+  local ok=0
+  for _ in $(seq 1 200); do
+    ok=1
+    for a in "${addrs[@]}"; do
+      redis-cli -h "${a%:*}" -p "${a##*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || { ok=0; break; }
+    done
+    [ "$ok" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$ok" = 1 ] || die "the cluster did not reach cluster_state:ok; see $STARTED_DIR/cluster/*/redis.log"
+  REDIS_URL="redis+cluster://$(IFS=,; echo "${addrs[*]}")/"
+  log "started a Redis Cluster (3 masters, 3 replicas) in $STARTED_DIR/cluster: ${addrs[*]}"
+}
+
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 
 ensure_pg() {
@@ -115,6 +168,10 @@ stop_dir() {
   local dir=$1
   [ -d "$dir" ] || return 0
   if [ -f "$dir/redis/redis.pid" ]; then kill "$(cat "$dir/redis/redis.pid")" 2>/dev/null || true; fi
+  local pidfile
+  for pidfile in "$dir"/cluster/*/redis.pid; do
+    [ -f "$pidfile" ] && { kill "$(cat "$pidfile")" 2>/dev/null || true; }
+  done
   if [ -d "$dir/pg/data" ]; then
     local bin; bin=$(pg_bin)
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$bin/pg_ctl" -D "$dir/pg/data" -m fast -w stop >/dev/null 2>&1 || true
@@ -141,12 +198,18 @@ case "$cmd" in
     status=0; "$@" || status=$?
     exit "$status"
     ;;
+  cluster)
+    start_cluster
+    mkdir -p "$(dirname "$STATE_FILE")"; echo "$STARTED_DIR" >>"$STATE_FILE"
+    echo "export REDIS_URL='$REDIS_URL'"
+    log "stop it with: scripts/services.sh stop (or make services-stop)"
+    ;;
   stop)
     if [ -f "$STATE_FILE" ]; then
       while read -r d; do stop_dir "$d"; log "stopped services in $d"; done <"$STATE_FILE"
       rm -f "$STATE_FILE"
     else log "nothing to stop"; fi
     ;;
-  -h|--help|help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) die "unknown command $cmd (want env, run or stop)";;
+  -h|--help|help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) die "unknown command $cmd (want env, run, cluster or stop)";;
 esac

@@ -205,12 +205,13 @@ func lastLines(b []byte, n int) string {
 }
 
 // freePorts picks n loopback ports whose cluster bus ports (+10000) are free
-// too.
+// too, from 20000-22699: both then lie below Linux's ephemeral range (32768+),
+// so an outgoing connection cannot take one between the check and the bind.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	seen := map[int]bool{}
 	for tries := 0; len(ports) < n && tries < 1000; tries++ {
-		p := 20000 + rand.IntN(25000)
+		p := 20000 + rand.IntN(2700)
 		if seen[p] || seen[p+10000] || !portFree(p) || !portFree(p+10000) {
 			continue
 		}
