@@ -62,7 +62,8 @@ func (c *committer) run(stop <-chan struct{}) {
 }
 
 func (c *committer) commit(batch []commitReq) {
-	ctx := context.Background() // a charge was made: its record must not be cancelled
+	ctx, cancel := detach(context.Background()) // a charge was made: not cancelled, but bounded
+	defer cancel()
 	cs := make([]ledger.Charged, len(batch))
 	for i, r := range batch {
 		cs[i] = r.c

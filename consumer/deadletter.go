@@ -18,7 +18,8 @@ func DeadLetterStream(stream string) string { return stream + ":dead" }
 // dies between XADD and XACK, the redelivery writes a second dead letter with
 // the same source_id (harmless, and visible).
 func DeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, msg redis.XMessage, reason, detail string, now time.Time) error {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := detach(ctx)
+	defer cancel()
 	values := make(map[string]any, len(msg.Values)+6)
 	for k, v := range msg.Values {
 		values[k] = v

@@ -133,8 +133,12 @@ func (hb *heartbeat) run(ctx context.Context) {
 	}
 }
 
-// beat renews every hold once.
+// beat renews every hold once, within one interval: a hung Redis or a
+// blocked ledger update must not stall renewals silently (a timed-out ledger
+// extension cancels the work it covers, like any failed one).
 func (hb *heartbeat) beat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, hb.interval)
+	defer cancel()
 	hb.mu.Lock()
 	byStream := map[string][]*hold{}
 	for _, h := range hb.holds {

@@ -247,7 +247,9 @@ func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, 
 
 // releaseQuiet gives the lease up, logging (not returning) a failure.
 func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause error) {
-	if err := p.cfg.Ledger.Release(context.WithoutCancel(ctx), rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	if err := p.cfg.Ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 }
@@ -258,7 +260,8 @@ func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) boo
 
 // finish writes the terminal outcome (fenced), then acks: write-before-ack.
 func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
-	ctx := context.WithoutCancel(h.ctx) // a charge was made: record it even if the lease is being lost
+	ctx, cancel := detach(h.ctx) // a charge was made: record it even if the lease is being lost
+	defer cancel()
 	if res, err := p.finishOnly(ctx, rec, o); err != nil || res == OutcomeLeaseLost {
 		// Not recorded by us: no ack (invariant 3). The entry stays pending
 		// and the next delivery finds whatever the new holder recorded.
@@ -268,7 +271,8 @@ func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Out
 }
 
 func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := detach(ctx)
+	defer cancel()
 	var err error
 	if o.Status == ledger.StatusCharged && p.commits != nil {
 		err = p.commits.finish(ctx, rec, o.ChargeID)
@@ -292,7 +296,9 @@ func (p *Processor) release(ctx context.Context, rec ledger.Record, out Outcome,
 	if cause != nil {
 		reason = cause.Error()
 	}
-	if err := p.cfg.Ledger.Release(context.WithoutCancel(ctx), rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if err := p.cfg.Ledger.Release(dctx, rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 	return p.leftPending(ctx, out, cause)
@@ -305,7 +311,9 @@ func (p *Processor) leftPending(_ context.Context, out Outcome, cause error) (Ou
 // ack acknowledges one entry. Always per event, always after the ledger
 // write it depends on has committed (invariant 3).
 func (p *Processor) ack(ctx context.Context, stream, id string) error {
-	if err := p.cfg.Redis.XAck(context.WithoutCancel(ctx), stream, p.cfg.Group, id).Err(); err != nil {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	if err := p.cfg.Redis.XAck(ctx, stream, p.cfg.Group, id).Err(); err != nil {
 		// Harmless for money: the ledger is terminal, so the redelivery (or
 		// the reaper) acks it without a Stripe call.
 		return fmt.Errorf("XACK %s %s: %w", stream, id, err)
@@ -331,4 +339,15 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
+}
+
+// writeTimeout bounds the writes that must outlive the event's context (the
+// outcome of a charge already made, the ack, a release): they ignore
+// cancellation, but a hung Postgres or Redis must not hang shutdown forever.
+// If one times out the entry stays pending and the idempotency key and the
+// ledger make the redelivery safe.
+const writeTimeout = 15 * time.Second
+
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 }
