@@ -153,7 +153,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.Parallel < 0 || c.Parallel > 64 {
-		errs = append(errs, fmt.Errorf("Parallel must be between 1 and 64, got %d", c.Parallel))
+		errs = append(errs, fmt.Errorf("parallel must be between 1 and 64, got %d", c.Parallel))
 	}
 	if c.LookupBatch < 0 {
 		errs = append(errs, fmt.Errorf("LookupBatch must not be negative, got %d", c.LookupBatch))

@@ -159,8 +159,6 @@ type cell struct {
 	rng      *rand.Rand
 	log      *slog.Logger
 	started  time.Time
-	// status is the phase shown on the progress line.
-	status func() string
 }
 
 func (d *drill) newCell(ctx context.Context, scenario, mode string, n int) (*cell, func(), error) {

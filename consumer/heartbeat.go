@@ -110,12 +110,6 @@ func (hb *heartbeat) remove(h *hold) {
 	h.cancel(nil)
 }
 
-func (hb *heartbeat) count() int {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return len(hb.holds)
-}
-
 // run ticks until ctx is done.
 func (hb *heartbeat) run(ctx context.Context) {
 	if hb.disabled {
