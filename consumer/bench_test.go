@@ -22,12 +22,14 @@ import (
 //     Finish), with the same concurrency: what the ledger costs at least.
 //
 // Each reports events/s; the issue's goal is pelguard ≥ 0.6 × ledger_floor.
-// Run: make bench, or go test -run '^$' -bench BenchmarkConsumer -benchtime 2000x ./consumer/
+// One op is benchEvents events, so `-benchtime 1x` (make bench) measures
+// thousands. Run: make bench, or go test -run '^$' -bench BenchmarkConsumer -benchtime 1x -count 5 ./consumer/
 func BenchmarkConsumer(b *testing.B) {
 	const workers = 8
 	b.Run("pelguard", func(b *testing.B) {
+		n := benchEvents * b.N
 		w := setupBench(b)
-		w.seed(b, b.N)
+		w.seed(b, n)
 		cfg := w.config(b, "")
 		cfg.Workers = workers
 		cfg.Count = 50
@@ -41,15 +43,16 @@ func BenchmarkConsumer(b *testing.B) {
 		if err := c.Start(context.Background()); err != nil {
 			b.Fatal(err)
 		}
-		w.waitCharged(b, b.N)
+		w.waitCharged(b, n)
 		elapsed := time.Since(start)
 		b.StopTimer()
 		_ = c.Stop(context.Background())
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
 	})
 	b.Run("naive", func(b *testing.B) {
+		n := benchEvents * b.N
 		w := setupBench(b)
-		w.seed(b, b.N)
+		w.seed(b, n)
 		nc, err := naive.NewConsumer(naive.ConsumerConfig{Redis: w.rdb, Stream: w.stream, Group: w.group, Name: "naive",
 			Count: 50, Block: 10 * time.Millisecond, Stripe: w.stripe, Logger: testenv.Discard()})
 		if err != nil {
@@ -71,17 +74,18 @@ func BenchmarkConsumer(b *testing.B) {
 				}
 			}()
 		}
-		testenv.Eventually(b, 5*time.Minute, func() bool { return w.sim.ChargeCreates() >= int64(b.N) && w.pending(b) == 0 }, "naive done")
+		testenv.Eventually(b, 5*time.Minute, func() bool { return w.sim.ChargeCreates() >= int64(n) && w.pending(b) == 0 }, "naive done")
 		elapsed := time.Since(start)
 		b.StopTimer()
 		cancel()
 		wg.Wait()
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
 	})
 	b.Run("ledger_floor", func(b *testing.B) {
+		n := benchEvents * b.N
 		w := setupBench(b)
-		evs := make(chan event.Event, b.N)
-		for i := range b.N {
+		evs := make(chan event.Event, n)
+		for i := range n {
 			evs <- ev(i)
 		}
 		close(evs)
@@ -108,9 +112,11 @@ func BenchmarkConsumer(b *testing.B) {
 		}
 		wg.Wait()
 		elapsed := time.Since(start)
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
 	})
 }
+
+const benchEvents = 2000
 
 func setupBench(b *testing.B) *bundle { return setup(b, opts{}) }
 
