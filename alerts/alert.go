@@ -361,8 +361,8 @@ func PermissionDenied(detail string) Alert {
 		Title: "Stripe key lacks a permission",
 		Text: Escape(detail) + "\nGrant the permission on the restricted key in the Stripe dashboard " +
 			"(Developers → API keys → the key → Edit), or replace a revoked or mistyped key; calls that need it fail until then. " +
-			"Events that failed meanwhile are in the dead-letter stream with reason " +
-			"`stripe_permanent_error`: replay them once the key is fixed.",
+			"Events refused meanwhile are in the dead-letter stream with reason " +
+			"`stripe_key_error`: replay them once the key is fixed.",
 		Fields:      fields,
 		Fingerprint: fp,
 	}

@@ -57,7 +57,8 @@ Stripe permissions (a restricted key, rk_live_…): PaymentIntents Write (Charge
 --stripe-mode charges), Charges Read, PaymentIntents Read (the lookup past --safe-key-window),
 Customers Read (payment_intents mode on live Stripe: the default payment method). An unrestricted
 sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing permission: the
-event ends failed and dead-lettered (replay it once the key is fixed) and Slack is told once.`
+event is dead-lettered (stripe_key_error; its ledger row stays pending: replay it once the key is
+fixed) and Slack is told once per permission.`
 
 type flags struct {
 	redisURL, dbURL    string

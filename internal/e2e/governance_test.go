@@ -16,7 +16,9 @@ import (
 // A restricted key is accepted; one that lacks PaymentIntents write gets
 // Stripe's 403: the event ends failed and dead-lettered after ONE request
 // (stripe-go does not retry a 403, the consumer does not either), and the
-// permission_denied alert names the missing permission.
+// permission_denied alert names the missing permission. The ledger row stays
+// pending (chargeable once the key is fixed) and the entry is parked in the
+// dead-letter stream with reason stripe_key_error.
 func TestRestrictedKeyAnd403(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -39,7 +41,7 @@ func TestRestrictedKeyAnd403(t *testing.T) {
 		n, _ := rdb.XLen(ctx, stream+":dead").Result()
 		pend, _ := rdb.XPending(ctx, stream, "billing-group").Result()
 		return n == 1 && pend != nil && pend.Count == 0
-	}, "dead-lettered and acked")
+	}, "dead-lettered and acked: %s", p.out)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		return strings.Contains(p.out.String(), "permission_denied")
 	}, "permission alert logged")
@@ -53,7 +55,7 @@ func TestRestrictedKeyAnd403(t *testing.T) {
 		t.Error("a charge was made")
 	}
 	dl, err := rdb.XRange(ctx, stream+":dead", "-", "+").Result()
-	if err != nil || len(dl) != 1 || dl[0].Values["reason"] != "stripe_permanent_error" {
+	if err != nil || len(dl) != 1 || dl[0].Values["reason"] != "stripe_key_error" {
 		t.Fatalf("dead letters %v %v", dl, err)
 	}
 	for _, want := range []string{"rak_payment_intent_write", "Stripe key lacks a permission"} {
