@@ -110,6 +110,13 @@ func (hb *heartbeat) remove(h *hold) {
 	h.cancel(nil)
 }
 
+// held reports whether h is still registered (not yet finished and removed).
+func (hb *heartbeat) held(h *hold) bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.holds[h.stream+"\x00"+h.id] == h
+}
+
 // run ticks until ctx is done.
 func (hb *heartbeat) run(ctx context.Context) {
 	if hb.disabled {
@@ -157,7 +164,7 @@ func (hb *heartbeat) beat(ctx context.Context) {
 			hb.metrics.heartbeat("error", len(ids))
 		} else {
 			for _, h := range hs {
-				if !owned[h.id] {
+				if !owned[h.id] && hb.held(h) { // an entry acked meanwhile is done, not lost
 					hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
 						slog.String("stream", stream), slog.String("id", h.id))
 					hb.metrics.heartbeat("lost", 1)

@@ -294,7 +294,11 @@ func (l *Ledger) Release(ctx context.Context, rec Record, reason string) error {
 }
 
 // ExtendMany renews many leases in one statement (the consumer's heartbeat
-// covers every event it holds). It returns the keys whose lease was lost.
+// covers every event it holds). It returns the keys whose lease was lost to
+// someone else: the row is still pending under another epoch or owner. A row
+// that is no longer pending (the event just finished, by us or by whoever
+// took it over) is not reported: there is no work left to cancel, and
+// counting it would make the lost-lease metric cry wolf.
 func (l *Ledger) ExtendMany(ctx context.Context, recs []Record, lease time.Duration) ([]Key, error) {
 	if len(recs) == 0 {
 		return nil, nil
@@ -307,32 +311,34 @@ func (l *Ledger) ExtendMany(ctx context.Context, recs []Record, lease time.Durat
 	for i, r := range recs {
 		cust[i], per[i], epochs[i], owners[i] = r.CustomerID, r.BillingPeriod, r.Epoch, r.LeaseOwner
 	}
-	rows, err := l.pool.Query(ctx, `UPDATE billing_records b SET lease_expires_at = $5, updated_at = $6
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, o)
-		WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.lease_owner = u.o
-		AND b.status = 'pending'
-		RETURNING b.customer_id, b.billing_period`, cust, per, epochs, owners, now.Add(lease), now)
+	rows, err := l.pool.Query(ctx, `
+		WITH u AS (
+			SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, o)
+		), upd AS (
+			UPDATE billing_records b SET lease_expires_at = $5, updated_at = $6
+			FROM u
+			WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.lease_owner = u.o
+			AND b.status = 'pending'
+			RETURNING b.customer_id, b.billing_period
+		)
+		SELECT u.c, u.p FROM u
+		JOIN billing_records b ON b.customer_id = u.c AND b.billing_period = u.p AND b.status = 'pending'
+		WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.customer_id = u.c AND upd.billing_period = u.p)`,
+		cust, per, epochs, owners, now.Add(lease), now)
 	if err != nil {
 		return nil, fmt.Errorf("extending %d leases: %w", len(recs), err)
 	}
-	kept := make(map[Key]bool, len(recs))
+	defer rows.Close()
+	var lost []Key
 	for rows.Next() {
 		var k Key
 		if err := rows.Scan(&k.CustomerID, &k.BillingPeriod); err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("extending leases: %w", err)
 		}
-		kept[k] = true
+		lost = append(lost, k)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("extending %d leases: %w", len(recs), err)
-	}
-	var lost []Key
-	for _, r := range recs {
-		if !kept[r.Key] {
-			lost = append(lost, r.Key)
-		}
 	}
 	return lost, nil
 }

@@ -331,9 +331,13 @@ func TestExtendMany(t *testing.T) {
 	if c, err := b.l.Reserve(ctx, req(ev("c1", 100), "B")); err != nil || c.Decision != ledger.TakenOver {
 		t.Fatalf("takeover: %v %v", c.Decision, err)
 	}
+	// c2 has just finished: not lost, nothing to cancel.
+	if _, err := b.l.Finish(ctx, recs[2], ledger.Outcome{Status: ledger.StatusCharged, ChargeID: "ch_c2"}); err != nil {
+		t.Fatal(err)
+	}
 	lost, err := b.l.ExtendMany(ctx, recs, time.Minute)
 	if err != nil || len(lost) != 1 || lost[0].CustomerID != "c1" {
-		t.Fatalf("lost %v %v", lost, err)
+		t.Fatalf("lost %v %v, want only c1", lost, err)
 	}
 	m, _ := b.l.Lookup(ctx, []ledger.Key{recs[0].Key})
 	if !m[recs[0].Key].LeaseExpiresAt.Equal(b.clk.Now().Add(time.Minute)) {
