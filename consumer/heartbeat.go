@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,12 +46,28 @@ type hold struct {
 
 	mu    sync.Mutex
 	lease *ledger.Record // set once Reserve gave us the ledger lease
+	until time.Time      // our lease is valid at least until then (ledger clock)
 }
 
 func (h *hold) setLease(r *ledger.Record) {
 	h.mu.Lock()
 	h.lease = r
+	h.until = r.LeaseExpiresAt
 	h.mu.Unlock()
+}
+
+func (h *hold) extendTo(t time.Time) {
+	h.mu.Lock()
+	if t.After(h.until) {
+		h.until = t
+	}
+	h.mu.Unlock()
+}
+
+func (h *hold) leaseUntil() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.until
 }
 
 func (h *hold) getLease() *ledger.Record {
@@ -140,6 +157,7 @@ func (hb *heartbeat) run(ctx context.Context) {
 func (hb *heartbeat) beat(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, hb.interval)
 	defer cancel()
+	beatStart := hb.ledger.Now() // the renewed leases run from no earlier than this
 	hb.mu.Lock()
 	byStream := map[string][]*hold{}
 	for _, h := range hb.holds {
@@ -185,15 +203,26 @@ func (hb *heartbeat) beat(ctx context.Context) {
 	}
 	lost, err := hb.ledger.ExtendMany(ctx, leased, hb.lease)
 	if err != nil {
-		// We cannot prove the leases are still ours, so stop the work they
-		// cover: the rows stay pending and a later delivery retries them with
-		// the same key. Cheaper than racing a takeover.
-		hb.logger.WarnContext(ctx, "heartbeat: extending ledger leases failed; cancelling their work", slog.Any("error", err))
-		hb.metrics.heartbeat("lost", len(leased))
+		// We could not renew. A lease that is still valid until after the
+		// next beat cannot have been taken over, so its work goes on; one
+		// that may expire before then is treated as lost: its work stops,
+		// the row stays pending and a later delivery retries with the same
+		// key. Cheaper than racing a takeover.
+		hb.logger.WarnContext(ctx, "heartbeat: extending ledger leases failed", slog.Any("error", err))
+		deadline := hb.ledger.Now().Add(hb.interval)
 		for _, h := range leaseHolds {
-			h.cancel(errLeaseLost)
+			if h.leaseUntil().Before(deadline) {
+				hb.metrics.heartbeat("lost", 1)
+				h.cancel(errLeaseLost)
+			}
 		}
 		return
+	}
+	renewedUntil := beatStart.Add(hb.lease)
+	for k, h := range leaseHolds {
+		if !slices.Contains(lost, k) {
+			h.extendTo(renewedUntil)
+		}
 	}
 	for _, k := range lost {
 		hb.logger.WarnContext(ctx, "heartbeat: ledger lease lost; cancelling its work", slog.String("key", k.String()))
