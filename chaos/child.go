@@ -10,9 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/naive"
 	"github.com/pelguard/pelguard/internal/pg"
@@ -56,11 +55,10 @@ func killSelf() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 func runChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	opt, err := redis.ParseURL(os.Getenv(envRedis))
+	rdb, err := cli.OpenRedis(ctx, os.Getenv(envRedis))
 	if err != nil {
-		return fmt.Errorf("parsing the Redis URL: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	stream, group := os.Getenv(envStream), os.Getenv(envGroup)
 	switch mode {
