@@ -52,7 +52,7 @@ func naiveMonitor(ctx context.Context, t *testing.T, b *bundle, minIdle time.Dur
 func TestReclaimWhileInFlightHeartbeatKeepsEntry(t *testing.T) {
 	t.Parallel()
 	b := setup(t, opts{})
-	const minIdle = 200 * time.Millisecond
+	const minIdle = 400 * time.Millisecond
 	if err := b.sim.SetFaults(stripesim.Faults{Latency: stripesim.Latency{Fixed: 3 * minIdle}}); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestReclaimWhileInFlightHeartbeatKeepsEntry(t *testing.T) {
 	claimed := naiveMonitor(ctx, t, b, minIdle, func(m redis.XMessage) { _, _ = procB.Process(ctx, b.stream, m) })
 
 	cfg := b.config(t, "consumer-A")
-	cfg.Lease = 300 * time.Millisecond // heartbeat every 100 ms, half the monitor's 200 ms
+	cfg.Lease = 300 * time.Millisecond // heartbeat every 100 ms, a quarter of the monitor's min-idle
 	start(t, cfg)
 	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusCharged && b.pending(t) == 0 },
 		"charged and acked")
