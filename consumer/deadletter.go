@@ -41,6 +41,7 @@ func DeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, group, c
 }
 
 func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
+	p.hb.acking(stream, msg.ID)
 	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {
 		return OutcomeRetryLater, err
 	}

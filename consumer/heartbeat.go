@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +44,8 @@ type hold struct {
 	stream, id string
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
+
+	acking atomic.Bool // the entry is being acked (see heartbeat.acking)
 
 	mu    sync.Mutex
 	lease *ledger.Record // set once Reserve gave us the ledger lease
@@ -127,11 +130,21 @@ func (hb *heartbeat) remove(h *hold) {
 	h.cancel(nil)
 }
 
-// held reports whether h is still registered (not yet finished and removed).
+// held reports whether h is still registered and not being acked.
 func (hb *heartbeat) held(h *hold) bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	return hb.holds[h.stream+"\x00"+h.id] == h
+	return hb.holds[h.stream+"\x00"+h.id] == h && !h.acking.Load()
+}
+
+// acking marks the hold of an entry about to be acked: from now on its
+// absence from the PEL is the ack, not a loss.
+func (hb *heartbeat) acking(stream, id string) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if h := hb.holds[stream+"\x00"+id]; h != nil {
+		h.acking.Store(true)
+	}
 }
 
 // run ticks until ctx is done.

@@ -171,6 +171,9 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	// Re-check, just before the call, that the entry is still ours: the
 	// heartbeat ticks only every lease/3.
 	owned, err := p.hb.stillOwned(ctx, h)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w (cause: %v)", err, context.Cause(ctx))
+	}
 	if err != nil {
 		return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("checking ownership before the Stripe call: %w", err))
 	}
@@ -311,6 +314,7 @@ func (p *Processor) leftPending(_ context.Context, out Outcome, cause error) (Ou
 // ack acknowledges one entry. Always per event, always after the ledger
 // write it depends on has committed (invariant 3).
 func (p *Processor) ack(ctx context.Context, stream, id string) error {
+	p.hb.acking(stream, id)
 	ctx, cancel := detach(ctx)
 	defer cancel()
 	if err := p.cfg.Redis.XAck(ctx, stream, p.cfg.Group, id).Err(); err != nil {

@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -91,6 +93,11 @@ func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool,
 		return done, nil
 	}
 	now := l.clock.Now()
+	// One lock order for every multi-row write, so two of them never deadlock.
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b Charged) int {
+		return cmp.Or(cmp.Compare(a.Record.CustomerID, b.Record.CustomerID), cmp.Compare(a.Record.BillingPeriod, b.Record.BillingPeriod))
+	})
 	cust, per, ch := make([]string, len(cs)), make([]string, len(cs)), make([]string, len(cs))
 	ep := make([]int64, len(cs))
 	for i, c := range cs {

@@ -311,19 +311,28 @@ func (l *Ledger) ExtendMany(ctx context.Context, recs []Record, lease time.Durat
 	for i, r := range recs {
 		cust[i], per[i], epochs[i], owners[i] = r.CustomerID, r.BillingPeriod, r.Epoch, r.LeaseOwner
 	}
+	// Rows someone has locked right now (our own committer finishing them,
+	// or a Reserve deciding about them) are skipped, not waited for: waiting
+	// would stall every renewal behind one busy row. A skipped row is simply
+	// renewed at the next beat. Lost means what the statement's snapshot
+	// shows: still pending, under another epoch or owner.
 	rows, err := l.pool.Query(ctx, `
 		WITH u AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, o)
+		), mine AS (
+			SELECT b.customer_id, b.billing_period FROM billing_records b
+			JOIN u ON b.customer_id = u.c AND b.billing_period = u.p
+			WHERE b.epoch = u.e AND b.lease_owner = u.o AND b.status = 'pending'
+			ORDER BY b.customer_id, b.billing_period
+			FOR UPDATE OF b SKIP LOCKED
 		), upd AS (
 			UPDATE billing_records b SET lease_expires_at = $5, updated_at = $6
-			FROM u
-			WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.lease_owner = u.o
-			AND b.status = 'pending'
-			RETURNING b.customer_id, b.billing_period
+			FROM mine WHERE b.customer_id = mine.customer_id AND b.billing_period = mine.billing_period
+			RETURNING 1
 		)
 		SELECT u.c, u.p FROM u
-		JOIN billing_records b ON b.customer_id = u.c AND b.billing_period = u.p AND b.status = 'pending'
-		WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.customer_id = u.c AND upd.billing_period = u.p)`,
+		JOIN billing_records b ON b.customer_id = u.c AND b.billing_period = u.p
+		WHERE b.status = 'pending' AND (b.epoch <> u.e OR b.lease_owner IS DISTINCT FROM u.o)`,
 		cust, per, epochs, owners, now.Add(lease), now)
 	if err != nil {
 		return nil, fmt.Errorf("extending %d leases: %w", len(recs), err)
