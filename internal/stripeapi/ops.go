@@ -219,8 +219,8 @@ func (c *Client) FindCharge(ctx context.Context, stripeCustomerID string, since 
 	)
 	errStop := errors.New("found")
 	err := c.call(ctx, "find_charge", func(ctx context.Context) error {
-		p := &listQuery{Customer: stripe.String(stripeCustomerID)}
-		p.Created = &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}
+		p := &stripe.ChargeListParams{Customer: stripe.String(stripeCustomerID)}
+		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}
 		return c.listCharges(ctx, p, func(ch Charge) (bool, error) {
 			if ch.Status == string(stripe.ChargeStatusSucceeded) && IsPelguard(ch.Metadata) &&
 				ch.Metadata[MetaIdempotencyKey] == idempotencyKey {
@@ -250,10 +250,10 @@ func (c *Client) ListCharges(ctx context.Context, from, to time.Time, fn func(Ch
 	}
 	var fnErr error
 	err := c.call(ctx, "list_charges", func(ctx context.Context) error {
-		p := &listQuery{}
+		p := &stripe.ChargeListParams{}
 		// Stripe's created filter has one-second resolution: round from
 		// up and to up so that [from, to) holds for sub-second bounds.
-		p.Created = &stripe.RangeQueryParams{
+		p.CreatedRange = &stripe.RangeQueryParams{
 			GreaterThanOrEqual: ceilUnix(from),
 			LesserThan:         ceilUnix(to),
 		}
