@@ -28,6 +28,7 @@ import (
 	"github.com/pelguard/pelguard/internal/clock"
 	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/startstop"
 )
 
 // Defaults.
@@ -168,15 +169,7 @@ type Consumer struct {
 	proc *Processor
 	cfg  Config
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	// readCtx stops reading; workCtx stops work in progress (only when
-	// Stop's own deadline passes).
-	cancelRead context.CancelFunc
-	cancelWork context.CancelFunc
-	done       chan struct{}
-	runErr     error
+	svc startstop.Service
 }
 
 // New validates cfg and builds a Consumer.
@@ -185,7 +178,7 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{proc: p, cfg: p.cfg, done: make(chan struct{})}, nil
+	return &Consumer{proc: p, cfg: p.cfg}, nil
 }
 
 // Name is the consumer name in use.
@@ -201,59 +194,28 @@ func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, stream, group s
 	return nil
 }
 
-// ErrAlreadyStarted is returned by a second Start.
-var ErrAlreadyStarted = errors.New("consumer: already started")
+// Errors from Start (the shared start/stop contract).
+var (
+	ErrAlreadyStarted = startstop.ErrAlreadyStarted
+	ErrStopped        = startstop.ErrStopped
+)
 
 // Start creates the group if needed and begins consuming in the background.
 func (c *Consumer) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return ErrAlreadyStarted
-	}
-	if c.stopped {
-		return errors.New("consumer: stopped")
-	}
 	if err := EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); err != nil {
 		return err
 	}
-	c.started = true
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	readCtx, cancelRead := context.WithCancel(workCtx)
-	c.cancelRead, c.cancelWork = cancelRead, cancelWork
-	go func() {
-		defer close(c.done)
-		c.runErr = c.run(readCtx, workCtx)
-	}()
-	return nil
+	return c.svc.Start(ctx, c.run)
 }
 
 // Stop stops reading, lets events in flight finish (their Stripe calls and
 // ledger writes complete), and returns when they have. If ctx ends first,
 // work in progress is cancelled (its entries stay pending, safe to redeliver)
 // and ctx's error is returned. Stop is idempotent and safe before Start.
-func (c *Consumer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	c.stopped = true
-	started := c.started
-	c.mu.Unlock()
-	if !started {
-		return nil
-	}
-	c.cancelRead()
-	select {
-	case <-c.done:
-		c.cancelWork()
-		return c.runErr
-	case <-ctx.Done():
-		c.cancelWork()
-		<-c.done
-		return ctx.Err()
-	}
-}
+func (c *Consumer) Stop(ctx context.Context) error { return c.svc.Stop(ctx) }
 
 // Done is closed when the consumer has stopped.
-func (c *Consumer) Done() <-chan struct{} { return c.done }
+func (c *Consumer) Done() <-chan struct{} { return c.svc.Done() }
 
 type job struct {
 	stream string

@@ -36,6 +36,7 @@ import (
 	"github.com/pelguard/pelguard/internal/clock"
 	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/startstop"
 )
 
 // Defaults.
@@ -195,11 +196,7 @@ type Reaper struct {
 
 	mu       sync.Mutex
 	inFlight map[string]bool // stream + "\x00" + id
-	started  bool
-	stopped  bool
-	cancel   context.CancelFunc // stops the loop
-	cancelW  context.CancelFunc // cancels re-drives in progress
-	done     chan struct{}
+	svc      startstop.Service
 }
 
 type streamState struct {
@@ -224,7 +221,6 @@ func New(cfg Config) (*Reaper, error) {
 		cfg:      cfg,
 		slots:    make(chan struct{}, cfg.Workers),
 		inFlight: map[string]bool{},
-		done:     make(chan struct{}),
 	}
 	for _, sg := range cfg.Streams {
 		st := &streamState{StreamGroup: sg}
@@ -252,63 +248,32 @@ func New(cfg Config) (*Reaper, error) {
 // Name is the consumer name the reaper claims entries to.
 func (r *Reaper) Name() string { return r.cfg.Name }
 
-// ErrAlreadyStarted is returned by a second Start.
-var ErrAlreadyStarted = errors.New("reaper: already started")
-
-// ErrStopped is returned by Start after Stop.
-var ErrStopped = errors.New("reaper: stopped")
+// Errors from Start (the shared start/stop contract).
+var (
+	ErrAlreadyStarted = startstop.ErrAlreadyStarted
+	ErrStopped        = startstop.ErrStopped
+)
 
 // Start runs a pass at once and then every Interval, in the background,
 // until Stop. The passes do not wait for their re-drives: those run on up to
 // Workers goroutines, and the next pass skips entries still in flight.
+// Re-drives outlive the caller's ctx on purpose: once a Stripe call is made
+// its outcome must be recorded. Only Stop's deadline cancels them.
 func (r *Reaper) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case r.started:
-		return ErrAlreadyStarted
-	case r.stopped:
-		return ErrStopped
-	}
-	r.started = true
-	// Re-drives outlive the caller's ctx on purpose: once a Stripe call is
-	// made its outcome must be recorded. Only Stop's deadline cancels them.
-	workCtx, cancelW := context.WithCancel(context.WithoutCancel(ctx))
-	loopCtx, cancel := context.WithCancel(workCtx)
-	r.cancel, r.cancelW = cancel, cancelW
-	stopHB := r.runHeartbeats(workCtx)
-	go func() {
-		defer close(r.done)
+	return r.svc.Start(ctx, func(loopCtx, workCtx context.Context) error {
+		stopHB := r.runHeartbeats(workCtx)
 		defer stopHB()
 		r.loop(loopCtx, workCtx)
 		r.redrives.Wait()
-	}()
-	return nil
+		return nil
+	})
 }
 
 // Stop ends the loop and waits for re-drives in progress to finish (their
 // Stripe calls and ledger writes complete). If ctx ends first, re-drives are
 // cancelled (their entries stay pending, safe to redeliver) and ctx's error is
 // returned. Stop is idempotent and safe before Start.
-func (r *Reaper) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	r.stopped = true
-	started := r.started
-	r.mu.Unlock()
-	if !started {
-		return nil
-	}
-	r.cancel()
-	select {
-	case <-r.done:
-		r.cancelW()
-		return nil
-	case <-ctx.Done():
-		r.cancelW()
-		<-r.done
-		return ctx.Err()
-	}
-}
+func (r *Reaper) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 func (r *Reaper) loop(ctx, workCtx context.Context) {
 	t := time.NewTimer(0)
