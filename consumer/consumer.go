@@ -321,9 +321,14 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 			select {
 			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i], pre: pre[i]}:
 			case <-readCtx.Done():
-				// Shutting down before these started: release them, they stay
-				// pending (never acked) for the next delivery.
-				for _, h := range holds[i:] {
+				// Shutting down before these started: they stay pending
+				// (never acked) for the next delivery, and the leases the
+				// batch reservation took for them are given back so that
+				// delivery need not wait for them to expire.
+				for j, h := range holds[i:] {
+					if r := pre[i+j]; r != nil {
+						c.proc.releaseQuiet(workCtx, *r, errors.New("consumer shut down before handling it"))
+					}
 					c.proc.hb.remove(h)
 					c.cfg.Metrics.held(-1)
 				}

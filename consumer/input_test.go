@@ -175,3 +175,48 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 		t.Fatalf("a cut-short event must stay pending, pending=%d", b.pending(t))
 	}
 }
+
+// Shutting down with a batch reserved but not yet handed to a worker gives
+// those leases back: the entries stay pending and the next delivery takes
+// them over at once instead of waiting for the leases to expire.
+func TestShutdownReleasesQueuedLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	_ = b.sim.SetFaults(simLatency(500 * time.Millisecond))
+	var evs []event.Event
+	for i := range 10 {
+		evs = append(evs, ev(i))
+	}
+	b.add(t, evs...)
+	cfg := b.config(t, "")
+	cfg.Workers = 1
+	cfg.Count = 10
+	cfg.Lease = time.Minute
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		n, _ := b.ledger.Counts(context.Background())
+		return n[ledger.StatusPending] == 10
+	}, "the batch reserved")
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, e := range evs {
+		r := b.record(t, e)
+		if r.Status == ledger.StatusPending && r.LeaseLive(time.Now()) {
+			held++
+		}
+	}
+	if held != 0 {
+		t.Fatalf("%d queued events still hold a lease after a clean stop", held)
+	}
+	if p := b.pending(t); p+int64(b.sim.ChargeCreates()) < 10 {
+		t.Fatalf("events lost: %d pending, %d charged", p, b.sim.ChargeCreates())
+	}
+}
