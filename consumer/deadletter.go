@@ -69,3 +69,63 @@ func customerOf(msg redis.XMessage) string {
 	}
 	return ""
 }
+
+// deadLetterMeta are the fields DeadLetter adds; a replay strips them.
+var deadLetterMeta = []string{"reason", "detail", "source_id", "source_stream", "group", "consumer", "dead_at"}
+
+// Replayed is one dead letter put back on its stream.
+type Replayed struct {
+	DeadID, NewID, SourceID, Reason string
+}
+
+// ReplayDeadLetters puts dead letters of stream whose reason matches (all
+// when reason is "") back on the stream with their original fields, oldest
+// first, at most limit (0: no limit), and deletes them from the dead-letter
+// stream. With dryRun it only lists them. It is how events parked for
+// spend_cap, no_spend_cap or stripe_key_error are billed once the cause is
+// fixed. A crash between the XADD and the XDEL leaves the event both
+// replayed and parked; a second replay adds it again, which the ledger
+// absorbs (already billed → acked, no second charge).
+func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, stream, reason string, limit int, dryRun bool) ([]Replayed, error) {
+	var out []Replayed
+	start := "-"
+	for {
+		msgs, err := rdb.XRangeN(ctx, DeadLetterStream(stream), start, "+", 100).Result()
+		if err != nil {
+			return out, fmt.Errorf("reading %s: %w", DeadLetterStream(stream), err)
+		}
+		for _, m := range msgs {
+			r, _ := m.Values["reason"].(string)
+			if reason != "" && r != reason {
+				continue
+			}
+			if limit > 0 && len(out) >= limit {
+				return out, nil
+			}
+			rep := Replayed{DeadID: m.ID, Reason: r}
+			rep.SourceID, _ = m.Values["source_id"].(string)
+			if !dryRun {
+				values := make(map[string]any, len(m.Values))
+				for k, v := range m.Values {
+					values[k] = v
+				}
+				for _, k := range deadLetterMeta {
+					delete(values, k)
+				}
+				id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Result()
+				if err != nil {
+					return out, fmt.Errorf("replaying %s onto %s: %w", m.ID, stream, err)
+				}
+				rep.NewID = id
+				if err := rdb.XDel(ctx, DeadLetterStream(stream), m.ID).Err(); err != nil {
+					return out, fmt.Errorf("removing replayed dead letter %s: %w", m.ID, err)
+				}
+			}
+			out = append(out, rep)
+		}
+		if len(msgs) < 100 {
+			return out, nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+}

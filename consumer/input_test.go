@@ -220,3 +220,47 @@ func TestShutdownReleasesQueuedLeases(t *testing.T) {
 		t.Fatalf("events lost: %d pending, %d charged", p, b.sim.ChargeCreates())
 	}
 }
+
+// An event parked for the spend cap is billed once the cap is raised and
+// the dead letter replayed; replaying everything again changes nothing.
+func TestReplayAfterRaisingTheCap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	ctx := context.Background()
+	if _, err := b.ledger.SetCap(ctx, "2026-11", 1500); err != nil {
+		t.Fatal(err)
+	}
+	first, second := ev(1), ev(2) // 1001 + 1002 cents: the second passes the cap
+	b.add(t, first)
+	b.add(t, second)
+	cfg := b.config(t, "")
+	cfg.Workers = 1
+	start(t, cfg)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 1 && b.pending(t) == 0 }, "second parked")
+	// A dry run lists it and changes nothing.
+	if got, err := consumer.ReplayDeadLetters(ctx, b.rdb, b.stream, consumer.ReasonSpendCap, 0, true); err != nil || len(got) != 1 {
+		t.Fatalf("dry run: %v %v", got, err)
+	}
+	if len(deadLetters(t, b)) != 1 {
+		t.Fatal("a dry run must not touch the dead letters")
+	}
+	if _, err := b.ledger.SetCap(ctx, "2026-11", 5000); err != nil {
+		t.Fatal(err)
+	}
+	got, err := consumer.ReplayDeadLetters(ctx, b.rdb, b.stream, consumer.ReasonSpendCap, 0, false)
+	if err != nil || len(got) != 1 || got[0].NewID == "" {
+		t.Fatalf("replay: %v %v", got, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(second) == ledger.StatusCharged && b.pending(t) == 0 }, "replayed event charged")
+	if len(deadLetters(t, b)) != 0 {
+		t.Fatal("the replayed dead letter should be gone")
+	}
+	// The replayed entry carries the original payload only.
+	msgs, _ := b.rdb.XRange(ctx, b.stream, got[0].NewID, got[0].NewID).Result()
+	if len(msgs) != 1 || len(msgs[0].Values) != 1 || msgs[0].Values["payload"] != second.Payload() {
+		t.Fatalf("replayed fields %v", msgs)
+	}
+	if b.charges(first) != 1 || b.charges(second) != 1 || b.sim.ChargeCreates() != 2 {
+		t.Fatalf("charges: %d %d, creates %d", b.charges(first), b.charges(second), b.sim.ChargeCreates())
+	}
+}

@@ -4,6 +4,7 @@
 //	consumer [run] [flags]              consume until SIGTERM/SIGINT
 //	consumer cap set --period P --cents N
 //	consumer cap show
+//	consumer replay --reason R [--limit N] [--dry-run]
 //	consumer migrate up|down|status
 package main
 
@@ -36,6 +37,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return cli.Migrate(ctx, prog, args[1:], stdout, stderr)
 		case "cap":
 			return capCmd(ctx, args[1:], stdout, stderr)
+		case "replay":
+			return replayCmd(ctx, args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}
@@ -48,7 +51,7 @@ billing period through Stripe. Every event is checked against and recorded in th
 ledger (billing_records) before it is acked; a heartbeat keeps slow Stripe calls from being
 reclaimed; bad events go to <stream>:dead with the reason.
 
-Subcommands: run (default), cap set|show, migrate up|down|status.
+Subcommands: run (default), cap set|show, replay, migrate up|down|status.
 Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
 SLACK_BOT_TOKEN, SLACK_CHANNEL. On SIGTERM it stops reading, finishes events in flight and
 exits 0 within --shutdown-timeout.
@@ -255,4 +258,51 @@ func abs(n int64) int64 {
 		return -n
 	}
 	return n
+}
+
+func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet(prog+" replay", prog+" replay [--reason R] [--limit N] [--dry-run]",
+		"Puts dead letters back on the stream with their original fields, oldest first, and removes\n"+
+			"them from <stream>:dead: for events parked as spend_cap or no_spend_cap (after raising or\n"+
+			"setting the cap) or stripe_key_error (after fixing the key). The ledger makes a replay safe:\n"+
+			"an event already billed is acked without a second charge.", stderr)
+	var redisURL, stream, reason string
+	var limit int
+	var dryRun bool
+	cli.RegisterRedis(fs, &redisURL)
+	fs.StringVar(&stream, "stream", cli.Env("PELGUARD_STREAM", "billing-stream"), "the stream whose dead letters to replay [PELGUARD_STREAM]")
+	fs.StringVar(&reason, "reason", "", "only dead letters with this reason (e.g. spend_cap, stripe_key_error); empty: all")
+	fs.IntVar(&limit, "limit", 0, "replay at most this many (0: all)")
+	fs.BoolVar(&dryRun, "dry-run", false, "list what would be replayed, change nothing")
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Fail(stderr, prog+" replay", err)
+	}
+	if limit < 0 {
+		return cli.Fail(stderr, prog+" replay", cli.Usagef("--limit must not be negative"))
+	}
+	rdb, err := cli.OpenRedis(ctx, redisURL)
+	if err != nil {
+		return cli.Fail(stderr, prog+" replay", err)
+	}
+	defer rdb.Close()
+	done, err := consumer.ReplayDeadLetters(ctx, rdb, stream, reason, limit, dryRun)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEAD LETTER\tSOURCE\tREASON\tREPLAYED AS")
+	for _, r := range done {
+		as := r.NewID
+		if dryRun {
+			as = "(dry run)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.DeadID, r.SourceID, r.Reason, as)
+	}
+	_ = tw.Flush()
+	verb := "replayed"
+	if dryRun {
+		verb = "would replay"
+	}
+	fmt.Fprintf(stdout, "%s %d dead letter(s) onto %s\n", verb, len(done), stream)
+	if err != nil {
+		return cli.Fail(stderr, prog+" replay", err)
+	}
+	return cli.ExitOK
 }

@@ -117,3 +117,31 @@ func TestBinarySIGTERM(t *testing.T) {
 		t.Fatal("the Stripe key appeared in the output")
 	}
 }
+
+func TestReplayCommand(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	stream := testenv.Name(t, "billing")
+	testenv.CleanupKeys(t, rdb, stream, stream+":dead")
+	ctx := context.Background()
+	for _, r := range []string{"spend_cap", "not_json", "spend_cap"} {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream + ":dead", Values: map[string]any{"payload": "{}", "reason": r, "source_id": "1-0"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errb bytes.Buffer
+	args := []string{"replay", "--redis-url", testenv.RedisURL(), "--stream", stream, "--reason", "spend_cap"}
+	if code := run(ctx, append(args, "--dry-run"), &out, &errb); code != 0 || !strings.Contains(out.String(), "would replay 2") {
+		t.Fatalf("dry run: %d %s %s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := run(ctx, args, &out, &errb); code != 0 || !strings.Contains(out.String(), "replayed 2") {
+		t.Fatalf("replay: %d %s %s", code, out.String(), errb.String())
+	}
+	if n, _ := rdb.XLen(ctx, stream).Result(); n != 2 {
+		t.Fatalf("%d entries replayed onto the stream, want 2", n)
+	}
+	if n, _ := rdb.XLen(ctx, stream+":dead").Result(); n != 1 {
+		t.Fatalf("%d dead letters left, want the not_json one", n)
+	}
+}
