@@ -268,7 +268,7 @@ func DeadLetters(d DeadLetterInput) Alert {
 		Kind:  KindDeadLetters,
 		Title: fmt.Sprintf("%d event%s dead-lettered on %s", total, plural(total), d.Stream),
 		Text: fmt.Sprintf("Dead-letter stream %s. Nothing was charged for these events; "+
-			"fix the cause, then replay them.", code(d.Stream+":dead")),
+			"fix the cause, then replay them (`consumer replay --reason REASON`).", code(d.Stream+":dead")),
 		Fields:      fields,
 		ItemsTitle:  "Examples",
 		Items:       items,
@@ -284,7 +284,7 @@ func SpendCapReached(period string, capCents, reservedCents, requestedCents int6
 		Kind:  KindSpendCap,
 		Title: "Spend cap reached for " + period,
 		Text: fmt.Sprintf("A charge of %s for customer %s was *not made*: it would pass the cap. "+
-			"The event is dead-lettered with reason `spend_cap`; raise the cap, then replay it.",
+			"The event is dead-lettered with reason `spend_cap`; raise the cap (`consumer cap set`), then `consumer replay --reason spend_cap`.",
 			Money(requestedCents, ""), code(customerID)),
 		Fields: []Field{
 			{Label: "Period", Value: period},
@@ -362,7 +362,7 @@ func PermissionDenied(detail string) Alert {
 		Text: Escape(detail) + "\nGrant the permission on the restricted key in the Stripe dashboard " +
 			"(Developers → API keys → the key → Edit), or replace a revoked or mistyped key; calls that need it fail until then. " +
 			"Events refused meanwhile are in the dead-letter stream with reason " +
-			"`stripe_key_error`: replay them once the key is fixed.",
+			"`stripe_key_error`: once the key is fixed, `consumer replay --reason stripe_key_error`.",
 		Fields:      fields,
 		Fingerprint: fp,
 	}
