@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -16,6 +17,26 @@ import (
 
 // drainTimeout bounds how long a phase may take before the drill calls the
 // scenario stuck rather than wait forever.
+// drain waits until the rig started by a scenario (or the error starting
+// it) has worked off every entry, then stops it.
+func (c *cell) drain(ctx context.Context, r *rig, err error) error {
+	if err != nil {
+		return err
+	}
+	werr := c.waitDrained(ctx, c.drainTimeout())
+	return errors.Join(werr, r.stop())
+}
+
+// startPelguardWith starts pelguard (consumer + reaper) on payment intents
+// with the scenario's faults.
+func (c *cell) startPelguardWith(ctx context.Context, f http.RoundTripper) (*rig, error) {
+	sc, err := c.stripe(stripeapi.ModePaymentIntents, f)
+	if err != nil {
+		return nil, err
+	}
+	return c.startPelguard(ctx, "", sc)
+}
+
 func (c *cell) drainTimeout() time.Duration {
 	return 30*time.Second + time.Duration(len(c.events))*50*time.Millisecond
 }
@@ -47,17 +68,9 @@ func inflightReclaim(ctx context.Context, c *cell) error {
 		}
 		r, err = c.startNaive(ctx, workers...)
 	} else {
-		sc, serr := c.stripe(stripeapi.ModePaymentIntents, slow)
-		if serr != nil {
-			return serr
-		}
-		r, err = c.startPelguard(ctx, "", sc)
+		r, err = c.startPelguardWith(ctx, slow)
 	}
-	if err != nil {
-		return err
-	}
-	werr := c.waitDrained(ctx, c.drainTimeout())
-	return errors.Join(werr, r.stop())
+	return c.drain(ctx, r, err)
 }
 
 // partialBatch is failure mode 2, "partial batch", both halves. First a
@@ -97,17 +110,9 @@ func partialBatch(ctx context.Context, c *cell) error {
 		}
 		r, err = c.startNaive(ctx, a)
 	} else {
-		sc, serr := c.stripe(stripeapi.ModePaymentIntents, timeouts)
-		if serr != nil {
-			return serr
-		}
-		r, err = c.startPelguard(ctx, "", sc)
+		r, err = c.startPelguardWith(ctx, timeouts)
 	}
-	if err != nil {
-		return err
-	}
-	werr := c.waitDrained(ctx, c.drainTimeout())
-	return errors.Join(werr, r.stop())
+	return c.drain(ctx, r, err)
 }
 
 // expiredKey is a redelivery after Stripe's 24 h idempotency window: a fifth
@@ -170,11 +175,7 @@ func expiredKey(ctx context.Context, c *cell) error {
 	} else {
 		r, err = c.startPelguard(ctx, "", sc)
 	}
-	if err != nil {
-		return err
-	}
-	werr = c.waitDrained(ctx, c.drainTimeout())
-	return errors.Join(werr, r.stop())
+	return c.drain(ctx, r, err)
 }
 
 // aofRollback is failure mode 3, "AOF rollback", on a redis-server of the
@@ -273,11 +274,7 @@ func aofRollback(ctx context.Context, c *cell) error {
 		// The pinned name drains its own PEL first after a restart.
 		r, err = c.startPelguard(ctx, "worker-1", sc)
 	}
-	if err != nil {
-		return err
-	}
-	werr := c.waitDrained(ctx, c.drainTimeout())
-	return errors.Join(werr, r.stop())
+	return c.drain(ctx, r, err)
 }
 
 // processAll runs msgs through p four at a time, as a consumer's workers
