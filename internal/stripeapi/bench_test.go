@@ -2,13 +2,13 @@ package stripeapi_test
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testenv"
 )
 
 // BenchmarkAdapterCharge charges through the adapter (payment_intents mode,
@@ -24,11 +24,11 @@ func BenchmarkAdapterCharge(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
-				inParallel(perOp, 8, func() error {
+				testenv.InParallel(b, perOp, 8, func() error {
 					i := n.Add(1)
 					_, err := c.Charge(b.Context(), pelguardReq(fmt.Sprintf("c_%d", i), "2026-11", 100))
 					return err
-				}, b)
+				})
 			}
 			b.ReportMetric(float64(n.Load())/time.Since(start).Seconds(), "charges/s")
 		})
@@ -71,22 +71,3 @@ func BenchmarkAdapterListCharges(b *testing.B) {
 // perOp is how many charges one benchmark op makes, so that `-benchtime 1x`
 // (what make bench uses for every benchmark) still measures thousands.
 const perOp = 3000
-
-// inParallel runs fn total times from workers goroutines.
-func inParallel(total, workers int, fn func() error, b *testing.B) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(total) {
-				if err := fn(); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-}

@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
+
+	"github.com/pelguard/pelguard/internal/testenv"
 )
 
 // BenchmarkChargeCreate creates charges through stripe-go from parallel
@@ -21,11 +22,11 @@ func BenchmarkChargeCreate(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for range b.N {
-		inParallel(perOp, 8, func() error {
+		testenv.InParallel(b, perOp, 8, func() error {
 			i := n.Add(1)
 			_, err := sc.Charges.New(newChargeParams("cus_bench", 100, fmt.Sprintf("bench-%d", i)))
 			return err
-		}, b)
+		})
 	}
 	b.ReportMetric(float64(n.Load())/time.Since(start).Seconds(), "charges/s")
 	if srv.ChargeCreates() != n.Load() {
@@ -113,22 +114,3 @@ func BenchmarkListChargesServerOnly(b *testing.B) {
 // perOp is how many charges one benchmark op makes, so that `-benchtime 1x`
 // (what make bench uses for every benchmark) still measures thousands.
 const perOp = 3000
-
-// inParallel runs fn total times from workers goroutines.
-func inParallel(total, workers int, fn func() error, b *testing.B) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(total) {
-				if err := fn(); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-}

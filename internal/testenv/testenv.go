@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"testing"
 	"time"
@@ -211,4 +213,24 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// InParallel runs fn total times from workers goroutines and reports the
+// first error through t (benchmarks that need a fixed amount of work per op).
+func InParallel(t testing.TB, total, workers int, fn func() error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(total) {
+				if err := fn(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
