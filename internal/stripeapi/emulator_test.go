@@ -3,8 +3,10 @@ package stripeapi_test
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +33,10 @@ func simClient(t testing.TB, srv *stripesim.Server, cfg stripeapi.Config) *strip
 	}
 	return c
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 func cmpOr(a, b string) string {
 	if a != "" {
@@ -312,6 +318,62 @@ func TestEmulatorMetadataFromExpandedIntent(t *testing.T) {
 	}
 	if _, found, err := c.FindCharge(t.Context(), "cus_c_m", srv.Now().Add(-time.Hour), req.IdempotencyKey); err != nil || !found {
 		t.Fatalf("FindCharge via intent metadata: found=%v err=%v", found, err)
+	}
+}
+
+// TestListChargesExpandsIntentsOnlyWhenNeeded: pages are fetched without the
+// expanded intent while charges carry their own metadata; once a page has an
+// intent-made charge without it, that page and the rest are fetched expanded
+// (one extra request), and every charge still comes back with its metadata.
+func TestListChargesExpandsIntentsOnlyWhenNeeded(t *testing.T) {
+	t.Parallel()
+	const n = 250 // three pages
+	for _, tc := range []struct {
+		name         string
+		omit         bool
+		lean, expand int64 // list requests without and with the intent expanded
+	}{
+		{"charges carry metadata", false, 3, 0},
+		{"charges lack intent metadata", true, 1, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newSim(t, stripesim.Config{ChargeOmitsIntentMetadata: tc.omit})
+			var lean, expand atomic.Int64
+			hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet && r.URL.Path == "/v1/charges" {
+					if strings.Contains(r.URL.RawQuery, "payment_intent") {
+						expand.Add(1)
+					} else {
+						lean.Add(1)
+					}
+				}
+				return http.DefaultTransport.RoundTrip(r)
+			})}
+			c := simClient(t, srv, stripeapi.Config{Mode: stripeapi.ModePaymentIntents, HTTPClient: hc})
+			for i := range n {
+				if _, err := c.Charge(t.Context(), pelguardReq(fmt.Sprint("c_x", i), "2026-11", 100)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			keys := map[string]bool{}
+			err := c.ListCharges(t.Context(), srv.Now().Add(-time.Hour), srv.Now().Add(time.Hour), func(ch stripeapi.Charge) error {
+				if !stripeapi.IsPelguard(ch.Metadata) || ch.PaymentIntentID == "" {
+					return fmt.Errorf("charge %s: metadata %v, intent %q", ch.ID, ch.Metadata, ch.PaymentIntentID)
+				}
+				keys[ch.Metadata[stripeapi.MetaIdempotencyKey]] = true
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) != n {
+				t.Fatalf("listed %d distinct charges, want %d", len(keys), n)
+			}
+			if lean.Load() != tc.lean || expand.Load() != tc.expand {
+				t.Fatalf("list requests: %d lean, %d expanded; want %d and %d", lean.Load(), expand.Load(), tc.lean, tc.expand)
+			}
+		})
 	}
 }
 

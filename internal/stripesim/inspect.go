@@ -38,6 +38,11 @@ type ChargeSeed struct {
 	Status         string // defaults to "succeeded"
 	AmountRefunded int64
 	PaymentIntent  string
+	// ViaIntent stores the charge as pelguard's default mode makes it: by a
+	// confirmed PaymentIntent that carries the same metadata and
+	// description (PaymentIntent is then ignored). Config's
+	// ChargeOmitsIntentMetadata applies.
+	ViaIntent bool
 }
 
 // SeedCharge stores a charge directly and returns it. Seeding in created
@@ -59,6 +64,21 @@ func (s *Server) SeedCharge(seed ChargeSeed) Charge {
 	}
 	if ch.status == "failed" {
 		ch.failureCode, ch.failureMessage = "card_declined", "Your card was declined."
+	}
+	if seed.ViaIntent {
+		piID, piSeq := st.nextID("pi")
+		pi := &intent{
+			id: piID, seq: piSeq, created: ch.created, customer: ch.customer, amount: ch.amount,
+			currency: ch.currency, description: ch.description, metadata: ch.metadata, status: "succeeded",
+		}
+		if ch.status == "failed" {
+			pi.status = "requires_payment_method"
+		}
+		st.intents[piID] = pi
+		ch.paymentIntent = piID
+		if s.cfg.ChargeOmitsIntentMetadata {
+			ch.metadata, ch.description = nil, ""
+		}
 	}
 	st.addCharge(ch)
 	return ch.export()
