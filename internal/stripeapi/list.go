@@ -1,10 +1,7 @@
 package stripeapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"strconv"
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
@@ -25,36 +22,44 @@ import (
 func (c *Client) listCharges(ctx context.Context, p *stripe.ChargeListParams, fn func(Charge) (stop bool, err error)) error {
 	p.Context = ctx
 	p.Limit = stripe.Int64(listPageSize)
-	expand := false
+	var (
+		expand bool
+		buf    = make([]Charge, 0, listPageSize)
+	)
 	for {
-		var page leanChargeList
-		if err := c.fetchChargePage(p, expand, &page); err != nil {
-			return err
-		}
-		if !expand && page.needsIntents() {
-			expand = true
-			page = leanChargeList{}
-			if err := c.fetchChargePage(p, expand, &page); err != nil {
+		var hasMore bool
+		if !expand {
+			var page chargePage[intentID]
+			if err := c.fetchChargePage(p, false, &page); err != nil {
 				return err
 			}
+			expand = page.needsIntents()
+			buf, hasMore = page.appendTo(buf[:0]), page.HasMore
 		}
-		for i := range page.Data {
-			stop, err := fn(page.Data[i].charge())
+		if expand {
+			var page chargePage[intentRef]
+			if err := c.fetchChargePage(p, true, &page); err != nil {
+				return err
+			}
+			buf, hasMore = page.appendTo(buf[:0]), page.HasMore
+		}
+		for _, ch := range buf {
+			stop, err := fn(ch)
 			if err != nil || stop {
 				return err
 			}
 		}
-		if !page.HasMore || len(page.Data) == 0 {
+		if !hasMore || len(buf) == 0 {
 			return nil
 		}
-		p.StartingAfter = stripe.String(page.Data[len(page.Data)-1].ID)
+		p.StartingAfter = stripe.String(buf[len(buf)-1].ID)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
 }
 
-func (c *Client) fetchChargePage(p *stripe.ChargeListParams, expandIntent bool, page *leanChargeList) error {
+func (c *Client) fetchChargePage(p *stripe.ChargeListParams, expandIntent bool, page stripe.LastResponseSetter) error {
 	p.Expand = nil
 	if expandIntent {
 		p.AddExpand("data.payment_intent")
@@ -64,13 +69,17 @@ func (c *Client) fetchChargePage(p *stripe.ChargeListParams, expandIntent bool, 
 	return c.backend.CallRaw("GET", "/v1/charges", c.key, values, p.GetListParams().ToParams(), page)
 }
 
-type leanChargeList struct {
+// chargePage is one page of GET /v1/charges, decoded into the fields
+// pelguard reads. Its payment_intent is an id (intentID) or, when expanded,
+// an object (intentRef): decoding straight into the right type reads each
+// page once, where a json.RawMessage read later would scan it twice more.
+type chargePage[P intent] struct {
 	stripe.APIResource
-	Data    []leanCharge `json:"data"`
-	HasMore bool         `json:"has_more"`
+	Data    []leanCharge[P] `json:"data"`
+	HasMore bool            `json:"has_more"`
 }
 
-type leanCharge struct {
+type leanCharge[P intent] struct {
 	ID             string            `json:"id"`
 	Amount         int64             `json:"amount"`
 	AmountRefunded int64             `json:"amount_refunded"`
@@ -80,66 +89,56 @@ type leanCharge struct {
 	Description    string            `json:"description"`
 	Created        int64             `json:"created"`
 	Metadata       map[string]string `json:"metadata"`
-	// An id, or the expanded object. Kept raw: a custom UnmarshalJSON would
-	// make encoding/json validate every nested object a second time.
-	Customer      json.RawMessage `json:"customer"`
-	PaymentIntent json.RawMessage `json:"payment_intent"`
+	Customer       string            `json:"customer"` // never expanded here
+	PaymentIntent  P                 `json:"payment_intent"`
 }
 
-// idOf reads an id-or-object field; metadata is read only when wanted.
-func idOf(raw json.RawMessage, wantMetadata bool) (id string, md map[string]string) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	if raw[0] == '"' {
-		s, _ := strconv.Unquote(string(raw))
-		return s, nil
-	}
-	var obj struct {
-		ID       string            `json:"id"`
-		Metadata map[string]string `json:"metadata"`
-	}
-	if !wantMetadata {
-		// Stripe writes "id" first; read it without decoding the object.
-		const prefix = `{"id":"`
-		if bytes.HasPrefix(raw, []byte(prefix)) {
-			if end := bytes.IndexByte(raw[len(prefix):], '"'); end > 0 {
-				return string(raw[len(prefix) : len(prefix)+end]), nil
-			}
-		}
-		var idOnly struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(raw, &idOnly)
-		return idOnly.ID, nil
-	}
-	_ = json.Unmarshal(raw, &obj)
-	return obj.ID, obj.Metadata
+// intent is the payment_intent field of a listed charge: its id, and its
+// metadata when expanded.
+type intent interface {
+	intentID | intentRef
+	ref() (id string, metadata map[string]string)
 }
+
+type intentID string
+
+func (i intentID) ref() (string, map[string]string) { return string(i), nil }
+
+type intentRef struct {
+	ID       string            `json:"id"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+func (i intentRef) ref() (string, map[string]string) { return i.ID, i.Metadata }
 
 // needsIntents reports whether a charge of the page was made by an intent
 // but carries no metadata of its own, so the intent's must be read.
-func (l *leanChargeList) needsIntents() bool {
+func (l *chargePage[P]) needsIntents() bool {
 	for i := range l.Data {
-		ch := &l.Data[i]
-		if len(ch.Metadata) == 0 && len(ch.PaymentIntent) > 0 && string(ch.PaymentIntent) != "null" {
+		if id, _ := l.Data[i].PaymentIntent.ref(); id != "" && len(l.Data[i].Metadata) == 0 {
 			return true
 		}
 	}
 	return false
 }
 
-func (l leanCharge) charge() Charge {
-	cust, _ := idOf(l.Customer, false)
-	// A charge made by a PaymentIntent may lack the intent's metadata:
-	// then take it from the expanded intent.
-	pi, piMD := idOf(l.PaymentIntent, len(l.Metadata) == 0)
+func (l *chargePage[P]) appendTo(out []Charge) []Charge {
+	for i := range l.Data {
+		out = append(out, l.Data[i].charge())
+	}
+	return out
+}
+
+func (l *leanCharge[P]) charge() Charge {
+	pi, piMD := l.PaymentIntent.ref()
 	out := Charge{
-		ID: l.ID, PaymentIntentID: pi, StripeCustomerID: cust,
+		ID: l.ID, PaymentIntentID: pi, StripeCustomerID: l.Customer,
 		Currency: l.Currency, Status: l.Status, Description: l.Description,
 		AmountCents: l.Amount, AmountRefundedCents: l.AmountRefunded, Refunded: l.Refunded,
 		Created: time.Unix(l.Created, 0).UTC(), Metadata: l.Metadata,
 	}
+	// A charge made by a PaymentIntent may lack the intent's metadata:
+	// then take it from the expanded intent.
 	if len(out.Metadata) == 0 && len(piMD) > 0 {
 		out.Metadata = piMD
 	}
