@@ -108,6 +108,7 @@ func benchAudit(b *testing.B, parallel int, faults stripesim.Faults, rate float6
 		// The emulator lives in the same process and holds every charge;
 		// the auditor's own share is the peak above the heap before the run.
 		b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
+		b.ReportMetric(float64(baseLive)/(1<<20), "base-live-MB")
 		b.ReportMetric(float64(peak-min(peak, base))/(1<<20), "audit-heap-MB")
 		// What the auditor itself keeps alive at its peak: in its own
 		// process, HeapInuse stays within about twice this (GOGC=100).
