@@ -14,6 +14,11 @@ var delConsumerLua string
 
 var delConsumerScript = redis.NewScript(delConsumerLua)
 
+//go:embed uncount.lua
+var uncountLua string
+
+var uncountScript = redis.NewScript(uncountLua)
+
 // hygiene removes consumers idle longer than ConsumerIdle that have nothing
 // pending. Dead consumers' names otherwise pile up in the group (every
 // process has a unique name). The reaper's own name is never removed: it may

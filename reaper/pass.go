@@ -616,12 +616,27 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 		out, err := st.proc.Process(workCtx, st.Stream, msgs[0])
 		rd := d
 		rd.Time, rd.Kind, rd.Outcome = r.cfg.Clock.Now(), KindRedriven, out
+		if out == consumer.OutcomeRetryLater {
+			// A transient failure says nothing about the event: do not let
+			// it count towards MaxDeliveries.
+			err = errors.Join(err, r.uncount(workCtx, st, e.pe))
+		}
 		if err != nil {
 			rd.Error = err.Error()
 		}
 		r.cfg.Metrics.redrive(out)
 		r.record(p, rd)
 	}()
+	return nil
+}
+
+// uncount gives pe back the delivery count it had before this reaper's
+// claim (see uncount.lua).
+func (r *Reaper) uncount(ctx context.Context, st *streamState, pe redis.XPendingExt) error {
+	err := uncountScript.Run(ctx, r.cfg.Redis, []string{st.Stream}, st.Group, r.cfg.Name, pe.ID, pe.RetryCount).Err()
+	if err != nil {
+		return fmt.Errorf("restoring the delivery count of %s after a transient failure: %w", pe.ID, err)
+	}
 	return nil
 }
 

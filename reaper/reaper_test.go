@@ -282,6 +282,59 @@ func TestMaxDeliveriesDeadLettered(t *testing.T) {
 	}
 }
 
+// A Stripe outage longer than MaxDeliveries passes: every re-drive fails
+// transiently, and none of them counts as a delivery, so the entry is not
+// dead-lettered; once Stripe is back it is charged exactly once.
+func TestTransientRedrivesDoNotCountAsDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e := ev(9)
+	b.add(t, e)
+	b.read(t, deadName, 10) // delivery 1, then the consumer dies
+	if err := b.sim.SetFaults(stripesim.Faults{ErrorRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(t, "reaper-a")
+	cfg.MaxDeliveries = 2
+	r := b.newReaper(t, cfg)
+	for pass := range 4 {
+		b.waitIdle(t, 1, time.Millisecond)
+		sum, err := r.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Outcomes[consumer.OutcomeRetryLater] != 1 || sum.Decisions[reaper.KindMaxDeliveries] != 0 {
+			t.Fatalf("pass %d: %+v, want one re-drive left for later and no dead letter", pass, sum)
+		}
+		if p := b.pending(t); len(p) != 1 || p[0].RetryCount != 1 || p[0].Consumer != "reaper-a" {
+			t.Fatalf("pass %d: pending %+v, want the entry with its 1 delivery, held by the reaper", pass, p)
+		}
+	}
+	if dl := b.deadLetters(t); len(dl) != 0 {
+		t.Fatalf("dead letters during the outage: %+v", dl)
+	}
+	if err := b.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitIdle(t, 1, time.Millisecond)
+	sum, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Outcomes[consumer.OutcomeCharged] != 1 {
+		t.Fatalf("after the outage: %+v, want one charge", sum)
+	}
+	if n := b.sim.SucceededCharges(e.CustomerID, e.BillingPeriod); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	if p := b.pending(t); len(p) != 0 {
+		t.Fatalf("still pending: %+v", p)
+	}
+	if rec, ok := b.get(t, e); !ok || rec.Status != ledger.StatusCharged {
+		t.Fatalf("ledger row %+v (found %v), want charged", rec, ok)
+	}
+}
+
 // An invalid body is dead-lettered with the parser's reason and acked.
 func TestInvalidEntryDeadLettered(t *testing.T) {
 	t.Parallel()

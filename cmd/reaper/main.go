@@ -49,7 +49,9 @@ ever claiming one a live consumer is working on. Per pass and stream: XPENDING I
 bodies and ledger rows per page, then per entry: body gone → ack; invalid → dead letter + ack;
 ledger terminal → ack (already billed: never redelivered); live ledger lease → skip; delivered
 --max-deliveries times → dead letter + ack + alert; otherwise XCLAIM with the same min-idle and
-re-drive through the consumer's own code. Idle consumers with nothing pending are removed.
+re-drive through the consumer's own code. A re-drive that fails transiently (Stripe 5xx, 429,
+timeout) does not count as a delivery: an outage never dead-letters events by itself. Idle
+consumers with nothing pending are removed.
 
 --dry-run prints every decision (a table, or JSON lines with --json) and changes nothing: run it
 beside the old monitor, compare, then switch. --once runs one pass and exits (cron).
