@@ -181,56 +181,27 @@ func (s *Server) listCharges(c *apiCall) response {
 	}
 	customerID, intentID := c.form.get("customer"), c.form.get("payment_intent")
 	st := s.store
-	pick := func() *index[*charge] {
-		switch {
-		case intentID != "":
-			if p := st.intents[intentID]; p != nil {
-				return &p.charges
+	return listPage(st, q, listResource[*charge]{
+		object: "charge", url: "/v1/charges",
+		pick: func() *index[*charge] {
+			switch {
+			case intentID != "":
+				if p := st.intents[intentID]; p != nil {
+					return &p.charges
+				}
+				return nil
+			case customerID != "":
+				return st.byCustomer[customerID]
 			}
-			return nil
-		case customerID != "":
-			return st.byCustomer[customerID]
-		}
-		return &st.allCharges
-	}
-	st.rlockSorted(func() []sorter {
-		if ix := pick(); ix != nil {
-			return []sorter{ix}
-		}
-		return nil
-	})
-	var cursor *sortKey
-	if id := q.startingAfter + q.endingBefore; id != "" {
-		ch := st.charges[id]
-		if ch == nil {
-			st.mu.RUnlock()
-			resp := missing("charge", cmpParam(q), id)
-			resp.status = http.StatusBadRequest
-			return resp
-		}
-		k := ch.sortKey()
-		cursor = &k
-	}
-	env := listEnvelope{Object: "list", URL: "/v1/charges", Data: []any{}}
-	if ix := pick(); ix != nil {
-		items, more := page(ix.items, q, cursor)
-		env.HasMore = more
-		env.Data = make([]any, len(items))
-		for i, ch := range items {
+			return &st.allCharges
+		},
+		lookup: func(id string) (*charge, bool) { ch, ok := st.charges[id]; return ch, ok },
+		render: func(ch *charge) any {
 			out := ch.json()
 			if expandPI {
 				st.expandIntent(&out)
 			}
-			env.Data[i] = out
-		}
-	}
-	st.mu.RUnlock()
-	return jsonResp(env)
-}
-
-func cmpParam(q listQuery) string {
-	if q.startingAfter != "" {
-		return "starting_after"
-	}
-	return "ending_before"
+			return out
+		},
+	})
 }

@@ -148,3 +148,55 @@ type listEnvelope struct {
 	HasMore bool   `json:"has_more"`
 	URL     string `json:"url"`
 }
+
+// listResource describes one list endpoint for listPage: the index to page
+// through, chosen under the read lock (nil when the filter names an object
+// that does not exist: an empty list), how to find the cursor object, and
+// how to render an item. Every func runs under the store's read lock.
+type listResource[T keyed] struct {
+	object string // "charge", for the cursor's 400
+	url    string // "/v1/charges"
+	pick   func() *index[T]
+	lookup func(id string) (T, bool)
+	render func(T) any
+}
+
+// listPage serves one page of a Stripe list: newest first, cursors and
+// created filters from q. Cost is O(log n + limit) whatever the index size.
+func listPage[T keyed](st *store, q listQuery, r listResource[T]) response {
+	st.rlockSorted(func() []sorter {
+		if ix := r.pick(); ix != nil {
+			return []sorter{ix}
+		}
+		return nil
+	})
+	defer st.mu.RUnlock()
+	var cursor *sortKey
+	if id := q.startingAfter + q.endingBefore; id != "" {
+		v, ok := r.lookup(id)
+		if !ok {
+			resp := missing(r.object, cmpParam(q), id)
+			resp.status = http.StatusBadRequest
+			return resp
+		}
+		k := v.sortKey()
+		cursor = &k
+	}
+	env := listEnvelope{Object: "list", URL: r.url, Data: []any{}}
+	if ix := r.pick(); ix != nil {
+		items, more := page(ix.items, q, cursor)
+		env.HasMore = more
+		env.Data = make([]any, len(items))
+		for i, v := range items {
+			env.Data[i] = r.render(v)
+		}
+	}
+	return jsonResp(env)
+}
+
+func cmpParam(q listQuery) string {
+	if q.startingAfter != "" {
+		return "starting_after"
+	}
+	return "ending_before"
+}

@@ -92,49 +92,25 @@ func (s *Server) listRefunds(c *apiCall) response {
 	}
 	chargeID, intentID := c.form.get("charge"), c.form.get("payment_intent")
 	st := s.store
-	pick := func() *index[*refund] {
-		if intentID != "" {
-			if pi := st.intents[intentID]; pi != nil {
+	return listPage(st, q, listResource[*refund]{
+		object: "refund", url: "/v1/refunds",
+		pick: func() *index[*refund] {
+			if intentID != "" {
+				pi := st.intents[intentID]
+				if pi == nil || pi.latestCharge == "" {
+					return nil // no such intent, or one that never charged
+				}
 				chargeID = pi.latestCharge
-			} else {
+			}
+			if chargeID != "" {
+				if ch := st.charges[chargeID]; ch != nil {
+					return &ch.refunds
+				}
 				return nil
 			}
-		}
-		if chargeID != "" {
-			if ch := st.charges[chargeID]; ch != nil {
-				return &ch.refunds
-			}
-			return nil
-		}
-		return &st.allRefunds
-	}
-	st.rlockSorted(func() []sorter {
-		if ix := pick(); ix != nil {
-			return []sorter{ix}
-		}
-		return nil
+			return &st.allRefunds
+		},
+		lookup: func(id string) (*refund, bool) { re, ok := st.refunds[id]; return re, ok },
+		render: func(re *refund) any { return re.json() },
 	})
-	var cursor *sortKey
-	if id := q.startingAfter + q.endingBefore; id != "" {
-		re := st.refunds[id]
-		if re == nil {
-			st.mu.RUnlock()
-			resp := missing("refund", cmpParam(q), id)
-			resp.status = http.StatusBadRequest
-			return resp
-		}
-		k := re.sortKey()
-		cursor = &k
-	}
-	env := listEnvelope{Object: "list", URL: "/v1/refunds", Data: []any{}}
-	if ix := pick(); ix != nil {
-		items, more := page(ix.items, q, cursor)
-		env.HasMore = more
-		env.Data = make([]any, len(items))
-		for i, re := range items {
-			env.Data[i] = re.json()
-		}
-	}
-	st.mu.RUnlock()
-	return jsonResp(env)
 }

@@ -109,6 +109,20 @@ func TestRefunds(t *testing.T) {
 	if srv.SucceededCharges("c-cus_r", "2024-04") != 0 {
 		t.Fatal("fully refunded charge still counted")
 	}
+	// By payment_intent: an intent that never charged has no refunds (not
+	// every refund of the account).
+	pi, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(500), Currency: stripe.String("usd"),
+		Customer: stripe.String("cus_r")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it = sc.Refunds.List(&stripe.RefundListParams{PaymentIntent: stripe.String(pi.ID)})
+	for it.Next() {
+		t.Fatalf("refund %s listed for intent %s, which has no charge", it.Refund().ID, pi.ID)
+	}
+	if it.Err() != nil {
+		t.Fatal(it.Err())
+	}
 }
 
 func TestRestrictedKeyPermissions(t *testing.T) {
