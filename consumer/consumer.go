@@ -184,6 +184,9 @@ func New(cfg Config) (*Consumer, error) {
 // Name is the consumer name in use.
 func (c *Consumer) Name() string { return c.cfg.Name }
 
+// Stream is the stream the consumer reads.
+func (c *Consumer) Stream() string { return c.cfg.Stream }
+
 // EnsureGroup creates the consumer group (and the stream) if missing. New
 // groups start at "0": entries already on the stream are billed.
 func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, stream, group string) error {

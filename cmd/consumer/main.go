@@ -12,8 +12,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -49,7 +52,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 const description = `Reads billing events from a Redis Stream consumer group and charges each customer once per
 billing period through Stripe. Every event is checked against and recorded in the Postgres
 ledger (billing_records) before it is acked; a heartbeat keeps slow Stripe calls from being
-reclaimed; bad events go to <stream>:dead with the reason.
+reclaimed; bad events go to <stream>:dead with the reason. Several --stream values run one
+consumer per stream in this process (e.g. hash-tagged streams on a Redis Cluster).
 
 Subcommands: run (default), cap set|show, replay, migrate up|down|status.
 Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
@@ -65,7 +69,8 @@ fixed) and Slack is told once per permission.`
 
 type flags struct {
 	redisURL, dbURL    string
-	stream, group      string
+	streams            cli.Streams
+	group              string
 	name, namespace    string
 	count              int64
 	block              time.Duration
@@ -87,8 +92,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", description, stderr)
 	cli.RegisterRedis(fs, &f.redisURL)
 	cli.RegisterDatabase(fs, &f.dbURL)
-	fs.StringVar(&f.stream, "stream", cli.Env("PELGUARD_STREAM", "billing-stream"), "stream to consume [PELGUARD_STREAM]")
-	fs.StringVar(&f.group, "group", cli.Env("PELGUARD_GROUP", "billing-group"), "consumer group [PELGUARD_GROUP]")
+	cli.RegisterStreams(fs, &f.streams, &f.group, "consume (one consumer per stream, each with --workers)")
 	fs.StringVar(&f.name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
 	fs.StringVar(&f.namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; give each environment its own [PELGUARD_NAMESPACE]")
 	fs.Int64Var(&f.count, "count", consumer.DefaultCount, "XREADGROUP COUNT (acks are always per event)")
@@ -110,6 +114,10 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
+	}
+	streams, err := f.streams.Resolve(f.group)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
 	}
 	logger, err := f.log.Logger(stderr)
 	if err != nil {
@@ -134,21 +142,24 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
-	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(f.workers*2+4))
+	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(len(streams)*f.workers*2+4))
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
 
-	c, err := consumer.New(consumer.Config{
-		Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc,
-		Stream: f.stream, Group: f.group, Name: f.name, Namespace: f.namespace,
-		Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
-		RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
-		Notifier: notifier, DeadLetters: dl, Metrics: metrics, Logger: logger,
-	})
-	if err != nil {
-		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+	cs := make([]*consumer.Consumer, len(streams))
+	for i, sg := range streams {
+		cs[i], err = consumer.New(consumer.Config{
+			Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc,
+			Stream: sg.Stream, Group: sg.Group, Name: f.name, Namespace: f.namespace,
+			Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
+			RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
+			Notifier: notifier, DeadLetters: dl, Metrics: metrics, Logger: logger,
+		})
+		if err != nil {
+			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+		}
 	}
 	ops, err := cli.ServeOps(f.metricsAddr, reg, []cli.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
@@ -161,23 +172,50 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 
 	sigCtx, stop := cli.SignalContext(ctx)
 	defer stop()
-	if err := c.Start(ctx); err != nil {
-		return cli.Fail(stderr, prog, err)
+	// Any consumer that ends by itself (a fatal error) stops the process.
+	ended := make(chan struct{}, len(cs))
+	for i, c := range cs {
+		if err := c.Start(ctx); err != nil {
+			stopAll(cs[:i], f.shutdownTimeout, logger)
+			return cli.Fail(stderr, prog, err)
+		}
+		go func() { <-c.Done(); ended <- struct{}{} }()
+		logger.Info("consumer started", "name", c.Name(), "stream", streams[i].Stream, "group", streams[i].Group,
+			"workers", f.workers, "count", f.count)
 	}
-	logger.Info("consumer started", "name", c.Name(), "stream", f.stream, "group", f.group, "workers", f.workers, "count", f.count)
 	select {
 	case <-sigCtx.Done():
 		logger.Info("stopping: finishing events in flight", "timeout", f.shutdownTimeout)
-	case <-c.Done():
+	case <-ended:
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
-	defer cancel()
-	if err := c.Stop(sctx); err != nil {
-		logger.Error("stopped with events unfinished; they stay pending and are safe to redeliver", "error", err)
+	if !stopAll(cs, f.shutdownTimeout, logger) {
 		return cli.ExitError
 	}
 	logger.Info("stopped cleanly")
 	return cli.ExitOK
+}
+
+// stopAll stops the consumers at once, sharing one timeout; false when any
+// stopped with events unfinished (they stay pending: safe to redeliver).
+func stopAll(cs []*consumer.Consumer, timeout time.Duration, logger *slog.Logger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		clean atomic.Bool
+	)
+	clean.Store(true)
+	for _, c := range cs {
+		wg.Go(func() {
+			if err := c.Stop(ctx); err != nil {
+				clean.Store(false)
+				logger.Error("stopped with events unfinished; they stay pending and are safe to redeliver",
+					"stream", c.Stream(), "error", err)
+			}
+		})
+	}
+	wg.Wait()
+	return clean.Load()
 }
 
 func closeNotifier(n alerts.Notifier) {

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +20,8 @@ import (
 	"github.com/pelguard/pelguard/internal/testenv"
 )
 
+const testKey = "sk_test_DoNotPrintMe0123456789"
+
 func TestBadFlagsExit2(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -26,6 +30,8 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"cap", "set", "--period", "2026-11"},
 		{"migrate", "sideways"},
 		{"unexpected-arg"},
+		{"--stream", "a,a"},
+		{"--stream", "a=", "--stream", "b"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
@@ -66,10 +72,7 @@ func TestCapCommands(t *testing.T) {
 // exits 0. Its output never carries the Stripe key it was given.
 func TestBinarySIGTERM(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "consumer")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := build(t)
 	_, dbURL := testenv.DBWithURL(t)
 	rdb := testenv.Redis(t)
 	stream := testenv.Name(t, "billing")
@@ -81,7 +84,7 @@ func TestBinarySIGTERM(t *testing.T) {
 	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: map[string]any{"payload": ev.Payload()}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	const secret = "sk_test_DoNotPrintMe0123456789"
+	const secret = testKey
 	cmd := exec.Command(bin, "--stream", stream, "--metrics-addr", "127.0.0.1:0", "--block", "100ms", "--log-level", "debug")
 	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL,
 		"STRIPE_API_KEY="+secret, "STRIPE_API_BASE="+sim.URL())
@@ -116,6 +119,97 @@ func TestBinarySIGTERM(t *testing.T) {
 	if strings.Contains(logs.String(), secret) {
 		t.Fatal("the Stripe key appeared in the output")
 	}
+}
+
+// One process consumes several streams (--stream repeated and
+// comma-separated, one with its own group): every event on each is charged
+// once, and SIGTERM leaves nothing pending on any of them.
+func TestBinaryConsumesSeveralStreams(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+	_, dbURL := testenv.DBWithURL(t)
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	streams := []string{testenv.Name(t, "a"), testenv.Name(t, "b"), testenv.Name(t, "c")}
+	groups := []string{"billing-group", "billing-group", "other-group"}
+	for _, s := range streams {
+		testenv.CleanupKeys(t, rdb, s, s+":dead")
+	}
+	sim := stripesim.MustNew(stripesim.Config{})
+	defer sim.Close()
+	const perStream = 5
+	for i, s := range streams {
+		for j := range perStream {
+			ev := event.Event{CustomerID: fmt.Sprintf("c_%d_%d", i, j), StripeCustomerID: "cus_1", AmountCents: 100,
+				BillingPeriod: "2026-11", Currency: "usd"}
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: s, Values: map[string]any{"payload": ev.Payload()}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cmd := exec.Command(bin, "--stream", streams[0]+","+streams[1], "--stream", streams[2]+"="+groups[2],
+		"--metrics-addr", "", "--block", "100ms", "--workers", "2")
+	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL,
+		"STRIPE_API_KEY="+testKey, "STRIPE_API_BASE="+sim.URL())
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return sim.ChargeCreates() >= 3*perStream }, "%d charges", 3*perStream)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+	for i, s := range streams {
+		for j := range perStream {
+			if n := sim.SucceededCharges(fmt.Sprintf("c_%d_%d", i, j), "2026-11"); n != 1 {
+				t.Errorf("%s event %d: %d charges, want 1", s, j, n)
+			}
+		}
+		p, err := rdb.XPending(ctx, s, groups[i]).Result()
+		if err != nil || p.Count != 0 {
+			t.Errorf("%s/%s: %v pending (%v)", s, groups[i], p, err)
+		}
+	}
+	if n := sim.ChargeCreates(); n != 3*perStream {
+		t.Errorf("%d charge creates, want %d", n, 3*perStream)
+	}
+	if t.Failed() {
+		t.Log(logs.String())
+	}
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// build compiles the consumer binary once per test run.
+func build(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "consumer-bin"); buildErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", filepath.Join(buildDir, "consumer"), ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(buildDir, "consumer")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
 
 func TestReplayCommand(t *testing.T) {

@@ -66,24 +66,9 @@ Write (Charges Write with --stripe-mode charges), Charges Read, PaymentIntents R
 (payment_intents mode on live Stripe). --dry-run needs no key. An unrestricted sk_live_ key is
 refused unless --allow-unrestricted-key.`
 
-// streamsFlag collects --stream, repeated: "name" (uses --group) or
-// "name=group".
-type streamsFlag []string
-
-func (s *streamsFlag) String() string { return strings.Join(*s, ",") }
-
-func (s *streamsFlag) Set(v string) error {
-	for part := range strings.SplitSeq(v, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			*s = append(*s, part)
-		}
-	}
-	return nil
-}
-
 type flags struct {
 	redisURL, dbURL string
-	streams         streamsFlag
+	streams         cli.Streams
 	group           string
 	name, namespace string
 	minIdle         time.Duration
@@ -112,8 +97,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", description, stderr)
 	cli.RegisterRedis(fs, &f.redisURL)
 	cli.RegisterDatabase(fs, &f.dbURL)
-	fs.Var(&f.streams, "stream", "stream to reap, repeatable: name (with --group) or name=group;\ndefault $PELGUARD_STREAM or billing-stream [PELGUARD_STREAM, comma-separated]")
-	fs.StringVar(&f.group, "group", cli.Env("PELGUARD_GROUP", "billing-group"), "consumer group of streams given without one [PELGUARD_GROUP]")
+	cli.RegisterStreams(fs, &f.streams, &f.group, "reap")
 	fs.StringVar(&f.name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
 	fs.StringVar(&f.namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; must match the consumers' [PELGUARD_NAMESPACE]")
 	fs.DurationVar(&f.minIdle, "min-idle", cli.EnvDuration("PELGUARD_MIN_IDLE", reaper.DefaultMinIdle), "consider entries idle at least this long; also the XCLAIM fence.\nKeep it well above the consumers' heartbeat (lease/3) [PELGUARD_MIN_IDLE]")
@@ -142,12 +126,13 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if fs.NArg() > 0 {
 		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
-	if len(f.streams) == 0 {
-		_ = f.streams.Set(cli.Env("PELGUARD_STREAM", "billing-stream"))
-	}
-	streams, err := parseStreams(f.streams, f.group)
+	pairs, err := f.streams.Resolve(f.group)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
+	}
+	streams := make([]reaper.StreamGroup, len(pairs))
+	for i, p := range pairs {
+		streams[i] = reaper.StreamGroup{Stream: p.Stream, Group: p.Group}
 	}
 	if f.jsonOut && !f.dryRun {
 		return cli.Fail(stderr, prog, cli.Usagef("--json formats --dry-run's decisions; add --dry-run (live decisions are logged at debug)"))
@@ -242,22 +227,6 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	logger.Info("stopped cleanly")
 	return cli.ExitOK
-}
-
-// parseStreams turns --stream values into stream/group pairs.
-func parseStreams(vals []string, group string) ([]reaper.StreamGroup, error) {
-	var out []reaper.StreamGroup
-	for _, v := range vals {
-		name, g, ok := strings.Cut(v, "=")
-		if !ok {
-			g = group
-		}
-		if name == "" || g == "" {
-			return nil, cli.Usagef("--stream %q: want name or name=group", v)
-		}
-		out = append(out, reaper.StreamGroup{Stream: name, Group: g})
-	}
-	return out, nil
 }
 
 func closeNotifier(n alerts.Notifier) {

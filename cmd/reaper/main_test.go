@@ -41,26 +41,6 @@ func TestBadFlagsExit2(t *testing.T) {
 	}
 }
 
-func TestParseStreams(t *testing.T) {
-	t.Parallel()
-	var s streamsFlag
-	_ = s.Set("a,b=g2")
-	_ = s.Set("c")
-	got, err := parseStreams(s, "g")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []reaper.StreamGroup{{Stream: "a", Group: "g"}, {Stream: "b", Group: "g2"}, {Stream: "c", Group: "g"}}
-	if len(got) != len(want) {
-		t.Fatalf("%v", got)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("%v, want %v", got, want)
-		}
-	}
-}
-
 type world struct {
 	rdb    *redis.Client
 	dbURL  string

@@ -1,0 +1,34 @@
+package cli
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestStreamsResolve(t *testing.T) {
+	var s Streams
+	_ = s.Set("a, b=g2")
+	_ = s.Set("c")
+	got, err := s.Resolve("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []StreamGroup{{Stream: "a", Group: "g"}, {Stream: "b", Group: "g2"}, {Stream: "c", Group: "g"}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
+	}
+
+	t.Setenv("PELGUARD_STREAM", "x,y=h")
+	got, err = Streams(nil).Resolve("g")
+	if want := []StreamGroup{{"x", "g"}, {"y", "h"}}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("from $PELGUARD_STREAM: %v %v, want %v", got, err, want)
+	}
+
+	for _, bad := range []Streams{{"a", "a=g2"}, {"=g"}, {"a="}} {
+		var u *UsageError
+		if _, err := bad.Resolve("g"); !errors.As(err, &u) {
+			t.Errorf("%v: error %v, want a usage error", bad, err)
+		}
+	}
+}
