@@ -19,6 +19,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
 )
 
 // pass accumulates one pass's counts; re-drive goroutines add to it after
@@ -616,9 +617,12 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 		out, err := st.proc.Process(workCtx, st.Stream, msgs[0])
 		rd := d
 		rd.Time, rd.Kind, rd.Outcome = r.cfg.Clock.Now(), KindRedriven, out
-		if out == consumer.OutcomeRetryLater {
-			// A transient failure says nothing about the event: do not let
-			// it count towards MaxDeliveries.
+		if out == consumer.OutcomeRetryLater && errors.Is(err, stripeapi.ErrTransient) {
+			// Stripe down, throttling or timing out says nothing about the
+			// event: do not let it count towards MaxDeliveries. Any other
+			// cause of retry_later (a ledger write, a 403 on the look-up)
+			// still counts, so a lasting one ends in a dead letter and an
+			// alert rather than a re-drive every --min-idle forever.
 			err = errors.Join(err, r.uncount(workCtx, st, e.pe))
 		}
 		if err != nil {
@@ -633,6 +637,9 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 // uncount gives pe back the delivery count it had before this reaper's
 // claim (see uncount.lua).
 func (r *Reaper) uncount(ctx context.Context, st *streamState, pe redis.XPendingExt) error {
+	// Shutdown cancels ctx; the restore is one short script, let it land.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	err := uncountScript.Run(ctx, r.cfg.Redis, []string{st.Stream}, st.Group, r.cfg.Name, pe.ID, pe.RetryCount).Err()
 	if err != nil {
 		return fmt.Errorf("restoring the delivery count of %s after a transient failure: %w", pe.ID, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
 	"github.com/pelguard/pelguard/reaper"
@@ -332,6 +333,47 @@ func TestTransientRedrivesDoNotCountAsDeliveries(t *testing.T) {
 	}
 	if rec, ok := b.get(t, e); !ok || rec.Status != ledger.StatusCharged {
 		t.Fatalf("ledger row %+v (found %v), want charged", rec, ok)
+	}
+}
+
+// Only Stripe outages are forgiven: a retry_later with a lasting cause
+// (here a key that may not read charges, so the look-up past the key window
+// answers 403) counts, and ends in a dead letter rather than a re-drive
+// every --min-idle forever.
+func TestLastingRetryLaterStillCounts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e := ev(10)
+	b.add(t, e)
+	b.read(t, deadName, 10)
+	b.reserve(t, e, deadName, time.Minute) // first attempt, then the consumer died
+	b.clk.Advance(25 * time.Hour)          // past the key window: the re-drive must look the charge up
+	const rk = "rk_test_pelguard_no_charges_read"
+	b.sim.SetKeyPermissions(rk, "payment_intents_write", "payment_intents_read")
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: rk, BaseURL: b.sim.URL(), MaxNetworkRetries: -1, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(t, "reaper-a")
+	cfg.Stripe, cfg.MaxDeliveries = sc, 3
+	r := b.newReaper(t, cfg)
+	var dead int
+	for pass := range 3 { // deliveries 2 and 3 fail; the third pass finds 3 ≥ MaxDeliveries
+		b.waitIdle(t, 1, time.Millisecond)
+		sum, err := r.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead += sum.Decisions[reaper.KindMaxDeliveries]
+		if pass < 2 && sum.Outcomes[consumer.OutcomeRetryLater] != 1 {
+			t.Fatalf("pass %d: %+v, want the look-up to fail and the entry left pending", pass, sum)
+		}
+	}
+	if dead != 1 || len(b.deadLetters(t)) != 1 {
+		t.Fatalf("%d max_deliveries decisions, %d dead letters; want 1 each", dead, len(b.deadLetters(t)))
+	}
+	if n := b.sim.ChargeCreates(); n != 0 {
+		t.Fatalf("%d charge creates, want 0: the look-up never answered", n)
 	}
 }
 

@@ -1,5 +1,5 @@
 -- uncount.lua: give an entry back the delivery count it had before a
--- re-drive that ended in a transient failure (Stripe 5xx, 429, timeout), so
+-- re-drive that Stripe failed transiently (5xx, 429, timeout, network), so
 -- that an outage longer than --max-deliveries passes does not dead-letter
 -- every pending event. Only while the entry is still this reaper's: if
 -- anyone else claimed it meanwhile, their delivery stands.
