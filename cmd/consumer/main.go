@@ -299,18 +299,21 @@ func abs(n int64) int64 {
 }
 
 func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := cli.NewFlagSet(prog+" replay", prog+" replay [--reason R] [--limit N] [--dry-run]",
+	fs := cli.NewFlagSet(prog+" replay", prog+" replay [--stream S]... [--reason R] [--limit N] [--dry-run]",
 		"Puts dead letters back on the stream with their original fields, oldest first, and removes\n"+
 			"them from <stream>:dead: for events parked as spend_cap or no_spend_cap (after raising or\n"+
 			"setting the cap) or stripe_key_error (after fixing the key). The ledger makes a replay safe:\n"+
 			"an event already billed is acked without a second charge.", stderr)
-	var redisURL, stream, reason string
-	var limit int
-	var dryRun bool
+	var (
+		redisURL, reason, group string
+		streams                 cli.Streams
+		limit                   int
+		dryRun                  bool
+	)
 	cli.RegisterRedis(fs, &redisURL)
-	fs.StringVar(&stream, "stream", cli.Env("PELGUARD_STREAM", "billing-stream"), "the stream whose dead letters to replay [PELGUARD_STREAM]")
+	cli.RegisterStreams(fs, &streams, &group, "replay the dead letters of")
 	fs.StringVar(&reason, "reason", "", "only dead letters with this reason (e.g. spend_cap, stripe_key_error); empty: all")
-	fs.IntVar(&limit, "limit", 0, "replay at most this many (0: all)")
+	fs.IntVar(&limit, "limit", 0, "replay at most this many per stream (0: all)")
 	fs.BoolVar(&dryRun, "dry-run", false, "list what would be replayed, change nothing")
 	if err := cli.Parse(fs, args); err != nil {
 		return cli.Fail(stderr, prog+" replay", err)
@@ -318,29 +321,40 @@ func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if limit < 0 {
 		return cli.Fail(stderr, prog+" replay", cli.Usagef("--limit must not be negative"))
 	}
+	pairs, err := streams.Resolve(group)
+	if err != nil {
+		return cli.Fail(stderr, prog+" replay", err)
+	}
 	rdb, err := cli.OpenRedis(ctx, redisURL)
 	if err != nil {
 		return cli.Fail(stderr, prog+" replay", err)
 	}
 	defer rdb.Close()
-	done, err := consumer.ReplayDeadLetters(ctx, rdb, stream, reason, limit, dryRun)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEAD LETTER\tSOURCE\tREASON\tREPLAYED AS")
-	for _, r := range done {
-		as := r.NewID
-		if dryRun {
-			as = "(dry run)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.DeadID, r.SourceID, r.Reason, as)
-	}
-	_ = tw.Flush()
 	verb := "replayed"
 	if dryRun {
 		verb = "would replay"
 	}
-	fmt.Fprintf(stdout, "%s %d dead letter(s) onto %s\n", verb, len(done), stream)
-	if err != nil {
-		return cli.Fail(stderr, prog+" replay", err)
+	seen := map[string]bool{} // a stream read by two groups has one dead-letter stream
+	for _, sg := range pairs {
+		if seen[sg.Stream] {
+			continue
+		}
+		seen[sg.Stream] = true
+		done, err := consumer.ReplayDeadLetters(ctx, rdb, sg.Stream, reason, limit, dryRun)
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DEAD LETTER\tSOURCE\tREASON\tREPLAYED AS")
+		for _, r := range done {
+			as := r.NewID
+			if dryRun {
+				as = "(dry run)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.DeadID, r.SourceID, r.Reason, as)
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(stdout, "%s %d dead letter(s) onto %s\n", verb, len(done), sg.Stream)
+		if err != nil {
+			return cli.Fail(stderr, prog+" replay", err)
+		}
 	}
 	return cli.ExitOK
 }

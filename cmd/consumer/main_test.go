@@ -215,27 +215,33 @@ func TestMain(m *testing.M) {
 func TestReplayCommand(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
-	stream := testenv.Name(t, "billing")
-	testenv.CleanupKeys(t, rdb, stream, stream+":dead")
+	stream, other := testenv.Name(t, "billing"), testenv.Name(t, "other")
+	testenv.CleanupKeys(t, rdb, stream, stream+":dead", other, other+":dead")
 	ctx := context.Background()
-	for _, r := range []string{"spend_cap", "not_json", "spend_cap"} {
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream + ":dead", Values: map[string]any{"payload": "{}", "reason": r, "source_id": "1-0"}}).Err(); err != nil {
+	for _, d := range []struct{ stream, reason string }{
+		{stream, "spend_cap"}, {stream, "not_json"}, {stream, "spend_cap"}, {other, "spend_cap"},
+	} {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: d.stream + ":dead", Values: map[string]any{"payload": "{}", "reason": d.reason, "source_id": "1-0"}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var out, errb bytes.Buffer
-	args := []string{"replay", "--redis-url", testenv.RedisURL(), "--stream", stream, "--reason", "spend_cap"}
-	if code := run(ctx, append(args, "--dry-run"), &out, &errb); code != 0 || !strings.Contains(out.String(), "would replay 2") {
+	// Two streams in one value, as PELGUARD_STREAM lists a consumer's shards.
+	args := []string{"replay", "--redis-url", testenv.RedisURL(), "--stream", stream + "," + other, "--reason", "spend_cap"}
+	if code := run(ctx, append(args, "--dry-run"), &out, &errb); code != 0 || !strings.Contains(out.String(), "would replay 2 dead letter(s) onto "+stream) ||
+		!strings.Contains(out.String(), "would replay 1 dead letter(s) onto "+other) {
 		t.Fatalf("dry run: %d %s %s", code, out.String(), errb.String())
 	}
 	out.Reset()
 	if code := run(ctx, args, &out, &errb); code != 0 || !strings.Contains(out.String(), "replayed 2") {
 		t.Fatalf("replay: %d %s %s", code, out.String(), errb.String())
 	}
-	if n, _ := rdb.XLen(ctx, stream).Result(); n != 2 {
-		t.Fatalf("%d entries replayed onto the stream, want 2", n)
-	}
-	if n, _ := rdb.XLen(ctx, stream+":dead").Result(); n != 1 {
-		t.Fatalf("%d dead letters left, want the not_json one", n)
+	for s, want := range map[string][2]int64{stream: {2, 1}, other: {1, 0}} {
+		if n, _ := rdb.XLen(ctx, s).Result(); n != want[0] {
+			t.Errorf("%s: %d entries replayed onto the stream, want %d", s, n, want[0])
+		}
+		if n, _ := rdb.XLen(ctx, s+":dead").Result(); n != want[1] {
+			t.Errorf("%s: %d dead letters left, want %d", s, n, want[1])
+		}
 	}
 }

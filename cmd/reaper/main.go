@@ -49,8 +49,8 @@ ever claiming one a live consumer is working on. Per pass and stream: XPENDING I
 bodies and ledger rows per page, then per entry: body gone → ack; invalid → dead letter + ack;
 ledger terminal → ack (already billed: never redelivered); live ledger lease → skip; delivered
 --max-deliveries times → dead letter + ack + alert; otherwise XCLAIM with the same min-idle and
-re-drive through the consumer's own code. A re-drive that fails transiently (Stripe 5xx, 429,
-timeout) does not count as a delivery: an outage never dead-letters events by itself. Idle
+re-drive through the consumer's own code. A re-drive that Stripe fails transiently (5xx, 429,
+timeout) does not count as a delivery: a Stripe outage never dead-letters events by itself. Idle
 consumers with nothing pending are removed.
 
 --dry-run prints every decision (a table, or JSON lines with --json) and changes nothing: run it

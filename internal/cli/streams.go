@@ -35,8 +35,8 @@ type StreamGroup struct{ Stream, Group string }
 func (sg StreamGroup) String() string { return sg.Stream + "=" + sg.Group }
 
 // Resolve returns the streams given, or $PELGUARD_STREAM (else
-// billing-stream) when none was, each with its group. A malformed value or
-// a stream named twice is a usage error.
+// billing-stream) when none was, each with its group. A malformed value, a
+// stream and group named twice, or no stream at all is a usage error.
 func (s Streams) Resolve(group string) ([]StreamGroup, error) {
 	if len(s) == 0 {
 		_ = s.Set(Env("PELGUARD_STREAM", "billing-stream"))
@@ -51,11 +51,15 @@ func (s Streams) Resolve(group string) ([]StreamGroup, error) {
 		if name == "" || g == "" {
 			return nil, Usagef("--stream %q: want name or name=group", v)
 		}
-		if seen[name] {
-			return nil, Usagef("--stream %s is given twice", name)
+		sg := StreamGroup{Stream: name, Group: g}
+		if seen[sg.String()] {
+			return nil, Usagef("--stream %s is given twice", sg)
 		}
-		seen[name] = true
-		out = append(out, StreamGroup{Stream: name, Group: g})
+		seen[sg.String()] = true
+		out = append(out, sg)
+	}
+	if len(out) == 0 {
+		return nil, Usagef("no stream given: set --stream or PELGUARD_STREAM")
 	}
 	return out, nil
 }

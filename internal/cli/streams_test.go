@@ -25,7 +25,14 @@ func TestStreamsResolve(t *testing.T) {
 		t.Fatalf("from $PELGUARD_STREAM: %v %v, want %v", got, err, want)
 	}
 
-	for _, bad := range []Streams{{"a", "a=g2"}, {"=g"}, {"a="}} {
+	if got, err := (Streams{"a=g1", "a=g2"}).Resolve("g"); err != nil || len(got) != 2 {
+		t.Fatalf("one stream read by two groups: %v %v", got, err)
+	}
+	t.Setenv("PELGUARD_STREAM", " , ")
+	if _, err := Streams(nil).Resolve("g"); err == nil {
+		t.Fatal("PELGUARD_STREAM without a stream name: no error")
+	}
+	for _, bad := range []Streams{{"a", "a=g"}, {"=g"}, {"a="}} {
 		var u *UsageError
 		if _, err := bad.Resolve("g"); !errors.As(err, &u) {
 			t.Errorf("%v: error %v, want a usage error", bad, err)

@@ -240,8 +240,9 @@ func (c *Client) FindCharge(ctx context.Context, stripeCustomerID string, since 
 }
 
 // ListCharges streams every charge created in [from, to), newest first as
-// Stripe returns them, one page of 100 in memory at a time, with the payment
-// intent expanded so Metadata falls back to the intent's. Each page waits on
+// Stripe returns them, one page of 100 in memory at a time. Metadata falls
+// back to the payment intent's, which is read (expanded) only for pages that
+// need it (see listCharges). Each page waits on
 // the shared rate limit. An error from fn stops the listing and is returned
 // as is (wrapped).
 func (c *Client) ListCharges(ctx context.Context, from, to time.Time, fn func(Charge) error) error {
