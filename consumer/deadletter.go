@@ -18,26 +18,60 @@ func DeadLetterStream(stream string) string { return stream + ":dead" }
 // dies between XADD and XACK, the redelivery writes a second dead letter with
 // the same source_id (harmless, and visible).
 func DeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, msg redis.XMessage, reason, detail string, now time.Time) error {
+	return DeadLetterMany(ctx, rdb, stream, group, consumer, []Dead{{Msg: msg, Reason: reason, Detail: detail}}, now)[0]
+}
+
+// Dead is one entry for DeadLetterMany.
+type Dead struct {
+	Msg            redis.XMessage
+	Reason, Detail string
+}
+
+// DeadLetterMany is DeadLetter for several entries of one stream in two
+// round trips: the XADDs pipelined, then one XACK of those written. The
+// error for each entry is at its index (nil: dead-lettered and acked); an
+// entry whose XADD failed is not acked.
+func DeadLetterMany(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, dead []Dead, now time.Time) []error {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	values := make(map[string]any, len(msg.Values)+6)
-	for k, v := range msg.Values {
-		values[k] = v
+	errs := make([]error, len(dead))
+	pipe := rdb.Pipeline()
+	adds := make([]*redis.StringCmd, len(dead))
+	at := now.UTC().Format(time.RFC3339Nano)
+	for i, d := range dead {
+		values := make(map[string]any, len(d.Msg.Values)+7)
+		for k, v := range d.Msg.Values {
+			values[k] = v
+		}
+		values["reason"] = d.Reason
+		values["detail"] = truncate(d.Detail, 1000)
+		values["source_id"] = d.Msg.ID
+		values["source_stream"] = stream
+		values["group"] = group
+		values["consumer"] = consumer
+		values["dead_at"] = at
+		adds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: DeadLetterStream(stream), Values: values})
 	}
-	values["reason"] = reason
-	values["detail"] = truncate(detail, 1000)
-	values["source_id"] = msg.ID
-	values["source_stream"] = stream
-	values["group"] = group
-	values["consumer"] = consumer
-	values["dead_at"] = now.UTC().Format(time.RFC3339Nano)
-	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: DeadLetterStream(stream), Values: values}).Err(); err != nil {
-		return fmt.Errorf("writing dead letter for %s: %w", msg.ID, err)
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	var ids []string
+	for i, c := range adds {
+		if err := c.Err(); err != nil {
+			errs[i] = fmt.Errorf("writing dead letter for %s: %w", dead[i].Msg.ID, err)
+			continue
+		}
+		ids = append(ids, dead[i].Msg.ID)
 	}
-	if err := rdb.XAck(ctx, stream, group, msg.ID).Err(); err != nil {
-		return fmt.Errorf("XACK %s after dead-lettering: %w", msg.ID, err)
+	if len(ids) == 0 {
+		return errs
 	}
-	return nil
+	if err := rdb.XAck(ctx, stream, group, ids...).Err(); err != nil {
+		for i := range dead {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("XACK %s after dead-lettering: %w", dead[i].Msg.ID, err)
+			}
+		}
+	}
+	return errs
 }
 
 func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {

@@ -544,15 +544,28 @@ func (r *Reaper) deadLetterAll(ctx context.Context, st *streamState, dead []dead
 	for _, id := range claimed {
 		got[id] = true
 	}
+	var (
+		mine  []deadLetter
+		batch []consumer.Dead
+	)
 	for _, dl := range dead {
-		d := dl.d
-		if !got[d.ID] {
+		if !got[dl.d.ID] {
+			d := dl.d
 			d.Kind, d.Reason = KindClaimLost, "dead letter fenced off: "+d.Reason
 			r.record(p, d)
 			continue
 		}
-		if err := consumer.DeadLetter(ctx, r.cfg.Redis, st.Stream, st.Group, r.cfg.Name, dl.msg, d.Reason, dl.detail, r.cfg.Clock.Now()); err != nil {
-			d.Kind, d.Error = KindError, err.Error()
+		mine = append(mine, dl)
+		batch = append(batch, consumer.Dead{Msg: dl.msg, Reason: dl.d.Reason, Detail: dl.detail})
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	errs := consumer.DeadLetterMany(ctx, r.cfg.Redis, st.Stream, st.Group, r.cfg.Name, batch, r.cfg.Clock.Now())
+	for i, dl := range mine {
+		d := dl.d
+		if errs[i] != nil {
+			d.Kind, d.Error = KindError, errs[i].Error()
 			r.record(p, d)
 			continue
 		}
