@@ -98,7 +98,7 @@ func TestReadyzFollowsPostgres(t *testing.T) {
 	if code, _ := get(t, base+"/healthz"); code != 200 {
 		t.Fatalf("/healthz %d while Postgres is cut off: the process itself is fine", code)
 	}
-	rl = startRelay(t, rl.addr, rl.target)
+	startRelay(t, rl.addr, rl.target) // Postgres is back, on the same address
 	ready(200, "ok")
 }
 
