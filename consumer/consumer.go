@@ -155,6 +155,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Metrics.startStream(cfg.Stream)
 	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.Ledger, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.DisableHeartbeat)}, nil
 }
 
@@ -260,7 +261,7 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 
 func (c *Consumer) handle(j job) {
 	defer c.proc.hb.remove(j.h)
-	defer c.cfg.Metrics.held(-1)
+	defer c.cfg.Metrics.held(c.cfg.Stream, -1)
 	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre) // outcomes are logged and counted inside
 }
 
@@ -317,7 +318,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		holds := make([]*hold, len(msgs))
 		for i, m := range msgs {
 			holds[i] = c.proc.hb.add(workCtx, c.cfg.Stream, m.ID)
-			c.cfg.Metrics.held(1)
+			c.cfg.Metrics.held(c.cfg.Stream, 1)
 		}
 		pre := c.reserveBatch(workCtx, msgs, holds)
 		for i, m := range msgs {
@@ -333,7 +334,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 						c.proc.releaseQuiet(workCtx, *r, errors.New("consumer shut down before handling it"))
 					}
 					c.proc.hb.remove(h)
-					c.cfg.Metrics.held(-1)
+					c.cfg.Metrics.held(c.cfg.Stream, -1)
 				}
 				return readCtx.Err()
 			}

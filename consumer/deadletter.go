@@ -79,7 +79,7 @@ func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMe
 	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {
 		return OutcomeRetryLater, err
 	}
-	p.cfg.Metrics.deadLetter(reason)
+	p.cfg.Metrics.deadLetter(stream, reason)
 	if p.cfg.DeadLetters != nil {
 		p.cfg.DeadLetters.Add(stream, reason, msg.ID, customerOf(msg))
 	}

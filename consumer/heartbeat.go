@@ -192,17 +192,17 @@ func (hb *heartbeat) beat(ctx context.Context) {
 			// Redis unreachable: we cannot tell; the ledger lease below still
 			// protects the Stripe call, and the next beat tries again.
 			hb.logger.WarnContext(ctx, "heartbeat: renewing PEL entries failed", slog.String("stream", stream), slog.Any("error", err))
-			hb.metrics.heartbeat("error", len(ids))
+			hb.metrics.heartbeat(stream, "error", len(ids))
 		} else {
 			for _, h := range hs {
 				if !owned[h.id] && hb.held(h) { // an entry acked meanwhile is done, not lost
 					hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
 						slog.String("stream", stream), slog.String("id", h.id))
-					hb.metrics.heartbeat("lost", 1)
+					hb.metrics.heartbeat(stream, "lost", 1)
 					h.cancel(errLeaseLost)
 				}
 			}
-			hb.metrics.heartbeat("renewed", len(owned))
+			hb.metrics.heartbeat(stream, "renewed", len(owned))
 		}
 		for _, h := range hs {
 			if r := h.getLease(); r != nil && h.ctx.Err() == nil {
@@ -225,7 +225,7 @@ func (hb *heartbeat) beat(ctx context.Context) {
 		deadline := hb.ledger.Now().Add(hb.interval)
 		for _, h := range leaseHolds {
 			if h.leaseUntil().Before(deadline) {
-				hb.metrics.heartbeat("lost", 1)
+				hb.metrics.heartbeat(h.stream, "lost", 1)
 				h.cancel(errLeaseLost)
 			}
 		}
@@ -239,7 +239,7 @@ func (hb *heartbeat) beat(ctx context.Context) {
 	}
 	for _, k := range lost {
 		hb.logger.WarnContext(ctx, "heartbeat: ledger lease lost; cancelling its work", slog.String("key", k.String()))
-		hb.metrics.heartbeat("lost", 1)
+		hb.metrics.heartbeat(leaseHolds[k].stream, "lost", 1)
 		leaseHolds[k].cancel(errLeaseLost)
 	}
 }

@@ -8,44 +8,38 @@ import (
 type Metrics struct {
 	events      *prometheus.CounterVec
 	stripe      *prometheus.HistogramVec
-	inFlight    prometheus.Gauge
+	inFlight    *prometheus.GaugeVec
 	heartbeats  *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 }
 
-// NewMetrics registers the consumer's series on reg.
+// NewMetrics registers the consumer's series on reg. Every series but the
+// Stripe latency histogram carries a stream label: one process may consume
+// several streams (shards), and "which shard dead-letters" is a per-stream
+// question.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_consumer_events_total",
 			Help: "Events handled, by outcome (charged, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost).",
-		}, []string{"outcome"}),
+		}, []string{"stream", "outcome"}),
 		stripe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pelguard_consumer_stripe_seconds",
 			Help:    "Latency of Stripe charge and lookup calls, by result class.",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"result"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pelguard_consumer_in_flight",
 			Help: "Stream entries held (read and not yet acked or left).",
-		}),
+		}, []string{"stream"}),
 		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_consumer_heartbeats_total",
 			Help: "PEL entry and lease renewals, by result (renewed, lost, error).",
-		}, []string{"result"}),
+		}, []string{"stream", "result"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_consumer_dead_letters_total",
 			Help: "Entries sent to the dead-letter stream, by reason.",
-		}, []string{"reason"}),
-	}
-	// Known label values start at zero, so a dashboard's rate() and an alert
-	// on "failed > 0" see the series before the first such event.
-	for _, o := range []Outcome{OutcomeCharged, OutcomeAlreadyBilled, OutcomeDeclined, OutcomeFailed, OutcomeDeadLetter,
-		OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater, OutcomeLeaseLost} {
-		m.events.WithLabelValues(string(o))
-	}
-	for _, r := range []string{"renewed", "lost", "error"} {
-		m.heartbeats.WithLabelValues(r)
+		}, []string{"stream", "reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters)
@@ -53,9 +47,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) event(outcome Outcome) {
+// startStream starts a stream's known series at zero, so a dashboard's
+// rate() and an alert on "failed > 0" see them before the first such event.
+func (m *Metrics) startStream(stream string) {
+	if m == nil {
+		return
+	}
+	for _, o := range []Outcome{OutcomeCharged, OutcomeAlreadyBilled, OutcomeDeclined, OutcomeFailed, OutcomeDeadLetter,
+		OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater, OutcomeLeaseLost} {
+		m.events.WithLabelValues(stream, string(o))
+	}
+	for _, r := range []string{"renewed", "lost", "error"} {
+		m.heartbeats.WithLabelValues(stream, r)
+	}
+	m.inFlight.WithLabelValues(stream)
+}
+
+func (m *Metrics) event(stream string, outcome Outcome) {
 	if m != nil {
-		m.events.WithLabelValues(string(outcome)).Inc()
+		m.events.WithLabelValues(stream, string(outcome)).Inc()
 	}
 }
 
@@ -65,20 +75,20 @@ func (m *Metrics) stripeCall(result string, seconds float64) {
 	}
 }
 
-func (m *Metrics) held(delta float64) {
+func (m *Metrics) held(stream string, delta float64) {
 	if m != nil {
-		m.inFlight.Add(delta)
+		m.inFlight.WithLabelValues(stream).Add(delta)
 	}
 }
 
-func (m *Metrics) heartbeat(result string, n int) {
+func (m *Metrics) heartbeat(stream, result string, n int) {
 	if m != nil && n > 0 {
-		m.heartbeats.WithLabelValues(result).Add(float64(n))
+		m.heartbeats.WithLabelValues(stream, result).Add(float64(n))
 	}
 }
 
-func (m *Metrics) deadLetter(reason string) {
+func (m *Metrics) deadLetter(stream, reason string) {
 	if m != nil {
-		m.deadLetters.WithLabelValues(reason).Inc()
+		m.deadLetters.WithLabelValues(stream, reason).Inc()
 	}
 }

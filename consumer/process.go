@@ -81,7 +81,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 	ctx := h.ctx
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
 	defer func() {
-		p.cfg.Metrics.event(out)
+		p.cfg.Metrics.event(h.stream, out)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
 		} else {

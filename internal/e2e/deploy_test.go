@@ -125,8 +125,8 @@ func TestDashboardMetricsExist(t *testing.T) {
 	add(`{"still":"bad"}`)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, scrape["consumer"] = get(t, "http://"+c2+"/metrics")
-		return strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="charged"} 1`) &&
-			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter"} 1`)
+		return strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="charged",stream="`+stream+`"} 1`) &&
+			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter",stream="`+stream+`"} 1`)
 	}, "consumer did its work again")
 
 	for _, m := range dashboardMetrics(t) {
