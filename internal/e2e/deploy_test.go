@@ -53,9 +53,33 @@ func dashboardMetrics(t *testing.T) []string {
 	return out
 }
 
-// Every metric the dashboard names is exported by the binary its prefix
-// names (pelguard_alerts_* and process_* by all three), scraped from real
-// processes after they did some work; /healthz and /readyz answer.
+// ruleMetrics are the metrics deploy/prometheus/pelguard-rules.yaml names.
+func ruleMetrics(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(deployDir, "prometheus", "pelguard-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	expr := regexp.MustCompile(`(?m)^\s*expr:((?: \|\n(?:\s{10,}.*\n)+)|.*)`)
+	name := regexp.MustCompile(`\bpelguard_[a-z0-9_]+`)
+	for _, e := range expr.FindAllStringSubmatch(string(b), -1) {
+		for _, m := range name.FindAllString(e[1], -1) {
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	if len(out) < 6 {
+		t.Fatalf("alert rules name only %v", out)
+	}
+	return out
+}
+
+// Every metric the dashboard and the alert rules name is exported by the
+// binary its prefix names (pelguard_alerts_* and process_* by all three),
+// scraped from real processes after they did some work; /healthz and
+// /readyz answer.
 func TestDashboardMetricsExist(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -129,7 +153,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter",stream="`+stream+`"} 1`)
 	}, "consumer did its work again")
 
-	for _, m := range dashboardMetrics(t) {
+	for _, m := range append(dashboardMetrics(t), ruleMetrics(t)...) {
 		owners := []string{"consumer", "reaper", "auditor"}
 		for _, b := range owners {
 			if strings.HasPrefix(m, "pelguard_"+b+"_") {
@@ -138,7 +162,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		}
 		for _, b := range owners {
 			if !hasSeries(scrape[b], m) {
-				t.Errorf("dashboard metric %s is not on the %s's /metrics:\n%s", m, b, grepLines(scrape[b], "pelguard_consumer"))
+				t.Errorf("metric %s (dashboard or alert rules) is not on the %s's /metrics:\n%s", m, b, grepLines(scrape[b], "pelguard_consumer"))
 			}
 		}
 	}
