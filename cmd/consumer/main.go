@@ -147,6 +147,9 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
+	if err := cli.CheckClock(ctx, pool, f.lease/3, "a third of --lease"); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
 
 	cs := make([]*consumer.Consumer, len(streams))
 	for i, sg := range streams {

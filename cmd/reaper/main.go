@@ -167,6 +167,9 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
+	if err := cli.CheckClock(ctx, pool, f.lease/3, "a third of --lease"); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
 
 	consumerIdle := f.consumerIdle
 	if consumerIdle == 0 {

@@ -153,3 +153,32 @@ func (s *Slack) Notifier(logger *slog.Logger, reg prometheus.Registerer) (alerts
 	}
 	return n, nil
 }
+
+// CheckClock refuses to run on a host whose clock is more than limit away
+// from Postgres'. Ledger leases are written and judged with host clocks:
+// a consumer whose clock runs behind writes leases another host already
+// reads as expired, one whose clock runs ahead keeps a dead consumer's
+// lease alive. Every pelguard host keeps close to the one clock they all
+// reach.
+func CheckClock(ctx context.Context, pool *pgxpool.Pool, limit time.Duration, what string) error {
+	return checkClock(ctx, pool, limit, what, time.Now)
+}
+
+func checkClock(ctx context.Context, pool *pgxpool.Pool, limit time.Duration, what string, hostNow func() time.Time) error {
+	if limit <= 0 {
+		return nil // a bad --lease is reported by the config check, in its own words
+	}
+	skew, err := pg.ClockSkew(ctx, pool, hostNow)
+	if err != nil {
+		return redact.Error(err)
+	}
+	if skew > limit || skew < -limit {
+		dir := "ahead of"
+		if skew < 0 {
+			dir, skew = "behind", -skew
+		}
+		return Usagef("this host's clock is %s %s Postgres' clock, more than %s (%s): ledger leases would expire early or late; sync the clock (NTP, chrony)",
+			skew.Round(time.Millisecond), dir, limit, what)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/testenv"
+)
+
+// Skew is measured against the real Postgres: this host is in step with it
+// (both run here), and a host clock shifted by a minute either way is read
+// as a minute ahead or behind and refused with a message naming the fix.
+func TestCheckClock(t *testing.T) {
+	t.Parallel()
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		shift time.Duration
+		word  string
+	}{{time.Minute, "ahead of"}, {-time.Minute, "behind"}} {
+		now := func() time.Time { return time.Now().Add(tc.shift) }
+		skew, err := pg.ClockSkew(ctx, pool, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := skew - tc.shift; d < -time.Second || d > time.Second {
+			t.Errorf("shift %s: skew %s", tc.shift, skew)
+		}
+		err = checkClock(ctx, pool, 10*time.Second, "a third of --lease", now)
+		var u *UsageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), tc.word) || !strings.Contains(err.Error(), "NTP") {
+			t.Errorf("shift %s: %v, want a usage error saying %q and naming NTP", tc.shift, err, tc.word)
+		}
+	}
+	if err := CheckClock(ctx, pool, 10*time.Second, "a third of --lease"); err != nil {
+		t.Fatalf("this host against its own Postgres: %v", err)
+	}
+}
