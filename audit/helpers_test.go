@@ -44,12 +44,7 @@ func setup(t testing.TB) *bundle {
 	t.Helper()
 	pool := testenv.DB(t)
 	sim := stripesim.MustNew(stripesim.Config{Now: now})
-	// Drop the reference once closed: testing keeps a benchmark's cleanup
-	// closures after running them, and a retained emulator (100k charges)
-	// would double the next -count run's base heap, and with it the GC
-	// target that BenchmarkAudit100k's heap-growth figure depends on.
-	simRef := sim
-	t.Cleanup(func() { simRef.Close(); simRef = nil })
+	t.Cleanup(sim.Close)
 	clk := clock.NewSim(now)
 	b := &bundle{pool: pool, sim: sim, clk: clk, ledger: ledger.New(pool, clk), mem: alerts.NewMemory()}
 	b.cfg = Config{

@@ -24,6 +24,13 @@ type idemEntry struct {
 	resp response
 }
 
+// drop forgets every recorded response.
+func (s *idemStore) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entries, s.fifo, s.head = make(map[idemKey]*idemEntry), nil, 0
+}
+
 type idemStore struct {
 	mu      sync.Mutex
 	entries map[idemKey]*idemEntry

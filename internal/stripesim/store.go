@@ -33,6 +33,16 @@ func newStore() *store {
 	}
 }
 
+// drop forgets every stored object (ids keep counting up).
+func (st *store) drop() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	fresh := newStore()
+	st.customers, st.charges, st.byCustomer = fresh.customers, fresh.charges, fresh.byCustomer
+	st.intents, st.refunds = fresh.intents, fresh.refunds
+	st.allCharges, st.allRefunds = index[*charge]{}, index[*refund]{}
+}
+
 // nextID returns a unique, sortable id such as ch_sim000000000042; callers
 // hold the write lock.
 func (st *store) nextID(prefix string) (string, uint64) {
