@@ -37,7 +37,7 @@ demo: ## Run the drill: the seed's three failure modes, naive vs pelguard
 	$(SERVICES) $(GO) run ./cmd/chaos $(ARGS)
 
 fuzz: ## Fuzz the event parser for a minute
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./internal/event/
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./event/
 
 lint: ## go vet, gofmt check, staticcheck when it installs
 	$(GO) vet $(PKGS)

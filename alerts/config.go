@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/pelguard/pelguard/clock"
 	"log/slog"
 	"net"
 	"net/http"
@@ -73,7 +74,7 @@ type Config struct {
 	HTTPClient *http.Client
 
 	Logger *slog.Logger
-	Clock  Clock
+	Clock  clock.Clock
 	// Registerer, when set, receives the pelguard_alerts_* metrics.
 	Registerer prometheus.Registerer
 }
@@ -112,7 +113,7 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Clock == nil {
-		c.Clock = realClock{}
+		c.Clock = clock.Real{}
 	}
 	return c
 }

@@ -3,6 +3,7 @@ package alerts
 import (
 	"context"
 	"fmt"
+	"github.com/pelguard/pelguard/clock"
 	"sync"
 	"time"
 )
@@ -17,7 +18,7 @@ const maxDeadLetterExamples = 10
 type DeadLetterAggregator struct {
 	n        Notifier
 	interval time.Duration
-	clock    Clock
+	clk      clock.Clock
 
 	mu      sync.Mutex
 	pending map[string]*DeadLetterInput // by stream
@@ -30,15 +31,15 @@ type DeadLetterAggregator struct {
 // NewDeadLetterAggregator starts an aggregator that flushes into n every
 // interval (a minute if interval ≤ 0). A nil clock is the wall clock. Stop it
 // with Stop, which flushes what is left.
-func NewDeadLetterAggregator(n Notifier, interval time.Duration, clock Clock) *DeadLetterAggregator {
+func NewDeadLetterAggregator(n Notifier, interval time.Duration, clk clock.Clock) *DeadLetterAggregator {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	if clock == nil {
-		clock = realClock{}
+	if clk == nil {
+		clk = clock.Real{}
 	}
 	a := &DeadLetterAggregator{
-		n: n, interval: interval, clock: clock,
+		n: n, interval: interval, clk: clk,
 		pending: map[string]*DeadLetterInput{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -80,7 +81,7 @@ func (a *DeadLetterAggregator) run() {
 	defer close(a.done)
 	for {
 		select {
-		case <-a.clock.After(a.interval):
+		case <-clock.After(a.clk, a.interval):
 			a.Flush()
 		case <-a.stop:
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pelguard/pelguard/clock"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -29,7 +30,7 @@ type Slack struct {
 	cfg    Config
 	send   sender
 	log    *slog.Logger
-	clock  Clock
+	clock  clock.Clock
 	m      *metrics
 	queue  chan Alert
 	dedupe *dedupe
@@ -328,7 +329,7 @@ func (n *Slack) sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 	select {
-	case <-n.clock.After(d):
+	case <-clock.After(n.clock, d):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // alert sends the run's summary with its new findings only: a finding is

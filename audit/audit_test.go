@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // world is a seeded window with every finding kind and clean look-alikes.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Auditor runs audits and refunds. It is safe for concurrent use; the

@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Defaults applied by New.

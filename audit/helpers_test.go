@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const (

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // RefundKeyPrefix prefixes the idempotency key of every refund: one key per

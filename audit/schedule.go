@@ -5,28 +5,29 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/pelguard/pelguard/internal/startstop"
 )
 
 // Scheduler runs the Auditor on a cron schedule (robfig/cron/v3): a run
 // still going when the next is due makes that one skip, a panic in a run is
-// recovered and logged, and Stop waits for a run in progress.
+// recovered and logged, and Stop waits for a run in progress. It keeps the
+// start/stop contract of the consumer and the reaper (internal/startstop).
 type Scheduler struct {
 	a        *Auditor
 	spec     string
 	onReport func(Report, error)
 
-	mu      sync.Mutex
-	c       *cron.Cron
-	cancel  context.CancelFunc
-	started bool
-	stopped bool
+	svc startstop.Service
 }
 
-// ErrStopped is returned by Start after Stop.
-var ErrStopped = errors.New("audit scheduler stopped")
+// Errors from Start (the shared start/stop contract).
+var (
+	ErrAlreadyStarted = startstop.ErrAlreadyStarted
+	ErrStopped        = startstop.ErrStopped
+)
 
 // NewScheduler parses spec (five fields, or a descriptor such as
 // "@hourly" or "@every 15m"). onReport, if set, receives every run's
@@ -38,29 +39,25 @@ func (a *Auditor) NewScheduler(spec string, onReport func(Report, error)) (*Sche
 	return &Scheduler{a: a, spec: spec, onReport: onReport}, nil
 }
 
-// Start begins scheduling. Runs get a context derived from ctx that Stop
-// cancels only when its own deadline passes, so SIGTERM (which ends the
-// caller's signal context, not ctx) lets a run finish. Starting twice is a
-// no-op.
+// Start begins scheduling in the background. Runs get a context that Stop
+// cancels only when its own deadline passes, so SIGTERM lets a run finish.
+// A second Start returns ErrAlreadyStarted; Start after Stop, ErrStopped.
 func (s *Scheduler) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return ErrStopped
-	}
-	if s.started {
-		return nil
-	}
-	runCtx, cancel := context.WithCancel(ctx)
+	return s.svc.Start(ctx, s.run)
+}
+
+func (s *Scheduler) run(loopCtx, workCtx context.Context) error {
 	logger := cronLogger{s.a.log}
 	c := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
-	if _, err := c.AddFunc(s.spec, func() { s.runOnce(runCtx) }); err != nil {
-		cancel()
+	if _, err := c.AddFunc(s.spec, func() { s.runOnce(workCtx) }); err != nil {
 		return fmt.Errorf("schedule %q: %w", s.spec, err)
 	}
-	s.c, s.cancel, s.started = c, cancel, true
 	c.Start()
 	s.a.log.Info("audit scheduler started", slog.String("schedule", s.spec))
+	<-loopCtx.Done()
+	// cron's Stop waits for the run in progress; Stop's deadline ends
+	// workCtx, which cancels that run.
+	<-c.Stop().Done()
 	return nil
 }
 
@@ -83,26 +80,10 @@ func (s *Scheduler) runOnce(ctx context.Context) {
 // Stop stops scheduling and waits for a run in progress; when ctx ends
 // first, the run is cancelled and Stop returns ctx's error. Stopping twice,
 // or before Start, is safe.
-func (s *Scheduler) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	s.stopped = true
-	c, cancel := s.c, s.cancel
-	s.c = nil
-	s.mu.Unlock()
-	if c == nil {
-		return nil
-	}
-	done := c.Stop().Done()
-	defer cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		cancel()
-		<-done
-		return fmt.Errorf("waiting for the audit run in progress: %w", ctx.Err())
-	}
-}
+func (s *Scheduler) Stop(ctx context.Context) error { return s.svc.Stop(ctx) }
+
+// Done is closed when the scheduler has stopped.
+func (s *Scheduler) Done() <-chan struct{} { return s.svc.Done() }
 
 // cronLogger adapts cron's logr-style logger to slog.
 type cronLogger struct{ l *slog.Logger }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/audit"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // runCell runs one scenario in one mode, then the auditor over its charges

@@ -12,10 +12,9 @@ import (
 
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/naive"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // ChildEnv names the environment variable that turns the drill's own
@@ -94,9 +93,9 @@ func runChild(mode string) error {
 			return fmt.Errorf("parsing the lease: %w", err)
 		}
 		c, err := consumer.New(consumer.Config{
-			Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc, Stream: stream, Group: group,
+			Redis: rdb, DB: pool, Stripe: sc, Stream: stream, Group: group,
 			Name: "child", Namespace: namespace, Count: 10, Workers: 4, Lease: l, Block: 50 * time.Millisecond,
-			AfterStripeReply: killSelf,
+			Test: consumer.TestConfig{AfterStripeReply: killSelf},
 		})
 		if err != nil {
 			return err

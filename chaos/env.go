@@ -18,16 +18,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/migrations"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // stripeKey is the emulator's test key; it never leaves the process.

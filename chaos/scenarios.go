@@ -12,7 +12,7 @@ import (
 
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/naive"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // drainTimeout bounds how long a phase may take before the drill calls the

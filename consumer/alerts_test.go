@@ -8,7 +8,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/alerts/slacktest"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"

@@ -3,7 +3,7 @@ package consumer_test
 import (
 	"time"
 
-	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/stripesim"
 )
 

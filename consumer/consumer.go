@@ -22,11 +22,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/startstop"
 )
@@ -43,9 +44,13 @@ const (
 
 // Config configures a Consumer (and the Processor the reaper borrows).
 type Config struct {
-	Redis  redis.UniversalClient // required
-	Ledger *ledger.Ledger        // required
-	Stripe Stripe                // required
+	Redis redis.UniversalClient // required
+	// DB reaches the ledger (the tables `migrations.New(...).Up` creates).
+	// Required. A Stripe call in flight holds no connection.
+	DB *pgxpool.Pool
+	// Stripe is the charge adapter; required. Build it with stripeapi.New
+	// and share one per process, so its rate limit is shared.
+	Stripe Stripe
 
 	Stream string // required
 	Group  string // required
@@ -77,17 +82,27 @@ type Config struct {
 	Logger      *slog.Logger                 // default: discard
 	Clock       clock.Clock                  // default: wall clock
 
+	// Test holds hooks for tests and the drill; production leaves it zero.
+	Test TestConfig
+
+	// pinned is set when Name was given: drain the PEL first.
+	pinned bool
+	// ledger is built from DB and Clock by setDefaults.
+	ledger *ledger.Ledger
+}
+
+// TestConfig holds hooks that only tests and the drill set (River's
+// TestConfig pattern): none of them belongs in a production Config.
+type TestConfig struct {
 	// AfterStripeReply, if set, runs after Stripe has answered a charge and
 	// before the outcome is written: the window where a killed process leaves
 	// a charge the ledger has not recorded. The drill and the tests kill the
-	// process here; production leaves it nil.
+	// process here.
 	AfterStripeReply func()
 
 	// DisableHeartbeat is for tests that prove the other defences hold
-	// without it. Never set it in production.
+	// without it.
 	DisableHeartbeat bool
-	// pinned is set when Name was given: drain the PEL first.
-	pinned bool
 }
 
 func (c *Config) setDefaults() {
@@ -109,6 +124,9 @@ func (c *Config) setDefaults() {
 		c.Notifier = alerts.NewLog(c.Logger)
 	}
 	c.Clock = clock.Or(c.Clock)
+	if c.ledger == nil && c.DB != nil {
+		c.ledger = ledger.New(c.DB, c.Clock)
+	}
 }
 
 // Validate reports the first configuration error, naming the fix.
@@ -116,8 +134,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Redis == nil:
 		return errors.New("consumer: Redis client is required")
-	case c.Ledger == nil:
-		return errors.New("consumer: ledger is required")
+	case c.DB == nil:
+		return errors.New("consumer: a Postgres pool (DB) is required")
 	case c.Stripe == nil:
 		return errors.New("consumer: Stripe client is required")
 	case c.Stream == "":
@@ -156,7 +174,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 		return nil, err
 	}
 	cfg.Metrics.startStream(cfg.Stream)
-	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.Ledger, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.DisableHeartbeat)}, nil
+	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.ledger, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.Test.DisableHeartbeat)}, nil
 }
 
 // RunHeartbeat renews the processor's holds until ctx is done.
@@ -233,7 +251,7 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 	defer stopHB()
 	go c.proc.hb.run(hbCtx)
 
-	c.proc.commits = newCommitter(c.cfg.Ledger, 128)
+	c.proc.commits = newCommitter(c.cfg.ledger, 128)
 	stopCommits := make(chan struct{})
 	commitsDone := make(chan struct{})
 	go func() { defer close(commitsDone); c.proc.commits.run(stopCommits) }()
@@ -362,7 +380,7 @@ func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, hold
 			reqs = append(reqs, c.proc.reserveRequest(ev, m.ID))
 		}
 	}
-	got, err := c.cfg.Ledger.ReserveNew(ctx, reqs)
+	got, err := c.cfg.ledger.ReserveNew(ctx, reqs)
 	if err != nil {
 		c.cfg.Logger.WarnContext(ctx, "batch reservation failed; reserving per event", slog.Any("error", err))
 		return pre

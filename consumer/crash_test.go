@@ -14,9 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/testenv"
 )

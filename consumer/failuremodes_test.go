@@ -12,11 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // naiveMonitor is the seed's "stuck message" monitor: XAUTOCLAIM anything
@@ -101,7 +101,7 @@ func TestReclaimWhileInFlightWithoutHeartbeat(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			cfgB := b.config(t, "consumer-B")
-			cfgB.DisableHeartbeat = true
+			cfgB.Test.DisableHeartbeat = true
 			cfgB.Lease = tc.lease
 			procB := processor(t, cfgB)
 			var mu sync.Mutex
@@ -113,7 +113,7 @@ func TestReclaimWhileInFlightWithoutHeartbeat(t *testing.T) {
 				mu.Unlock()
 			})
 			cfg := b.config(t, "consumer-A")
-			cfg.DisableHeartbeat = true
+			cfg.Test.DisableHeartbeat = true
 			cfg.Lease = tc.lease
 			cfg.Workers = 3
 			start(t, cfg)

@@ -8,15 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const testKey = "sk_test_pelguard_consumer"
@@ -26,6 +27,8 @@ const testKey = "sk_test_pelguard_consumer"
 type bundle struct {
 	rdb    *redis.Client
 	ledger *ledger.Ledger
+	pool   *pgxpool.Pool
+	clk    clock.Clock
 	sim    *stripesim.Server
 	stripe *stripeapi.Client
 	stream string
@@ -66,6 +69,8 @@ func setup(t testing.TB, o opts) *bundle {
 	b := &bundle{
 		rdb:    testenv.Redis(t),
 		ledger: ledger.New(pool, o.clk),
+		pool:   pool,
+		clk:    o.clk,
 		sim:    sim,
 		stripe: sc,
 		stream: testenv.Name(t, "billing"),
@@ -81,9 +86,9 @@ func setup(t testing.TB, o opts) *bundle {
 
 func (b *bundle) config(t testing.TB, name string) consumer.Config {
 	return consumer.Config{
-		Redis: b.rdb, Ledger: b.ledger, Stripe: b.stripe, Stream: b.stream, Group: b.group,
+		Redis: b.rdb, DB: b.pool, Stripe: b.stripe, Stream: b.stream, Group: b.group,
 		Name: name, Namespace: "test", Block: 50 * time.Millisecond, Lease: 3 * time.Second,
-		Logger: testenv.Logger(t),
+		Logger: testenv.Logger(t), Clock: b.clk,
 	}
 }
 

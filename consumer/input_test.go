@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/testenv"
 )

@@ -11,9 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // TestMain doubles as the child process of the kill tests: with
@@ -45,10 +44,10 @@ func runChild() int {
 		return 3
 	}
 	c, err := consumer.New(consumer.Config{
-		Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc,
+		Redis: rdb, DB: pool, Stripe: sc,
 		Stream: os.Getenv("CHILD_STREAM"), Group: os.Getenv("CHILD_GROUP"), Name: "child",
 		Namespace: "test", Lease: time.Second, Block: 50 * time.Millisecond,
-		AfterStripeReply: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) },
+		Test: consumer.TestConfig{AfterStripeReply: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

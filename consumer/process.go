@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Outcome is how the handling of one stream entry ended.
@@ -104,7 +104,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 	if pre != nil && pre.IdempotencyKey == key {
 		return p.charge(h, msg, ev, *pre, log)
 	}
-	claim, err := p.cfg.Ledger.Reserve(ctx, p.reserveRequest(ev, msg.ID))
+	claim, err := p.cfg.ledger.Reserve(ctx, p.reserveRequest(ev, msg.ID))
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
@@ -191,8 +191,8 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 		Metadata:         stripeapi.PelguardMetadata(rec.CustomerID, rec.BillingPeriod, rec.IdempotencyKey),
 	})
 	p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
-	if p.cfg.AfterStripeReply != nil {
-		p.cfg.AfterStripeReply()
+	if p.cfg.Test.AfterStripeReply != nil {
+		p.cfg.Test.AfterStripeReply()
 	}
 	switch {
 	case err == nil:
@@ -252,7 +252,7 @@ func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, 
 func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause error) {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	if err := p.cfg.Ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+	if err := p.cfg.ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 }
@@ -280,7 +280,7 @@ func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.
 	if o.Status == ledger.StatusCharged && p.commits != nil {
 		err = p.commits.finish(ctx, rec, o.ChargeID)
 	} else {
-		_, err = p.cfg.Ledger.Finish(ctx, rec, o)
+		_, err = p.cfg.ledger.Finish(ctx, rec, o)
 	}
 	if errors.Is(err, ledger.ErrLeaseLost) {
 		// Someone took over (our lease expired). Whatever they record wins;
@@ -301,7 +301,7 @@ func (p *Processor) release(ctx context.Context, rec ledger.Record, out Outcome,
 	}
 	dctx, cancel := detach(ctx)
 	defer cancel()
-	if err := p.cfg.Ledger.Release(dctx, rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+	if err := p.cfg.ledger.Release(dctx, rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 	return p.leftPending(ctx, out, cause)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -44,7 +44,7 @@ func TestManyEventsWithFaults(t *testing.T) {
 		start(t, cfg)
 	}
 	r, err := reaper.New(reaper.Config{
-		Redis: b.rdb, Ledger: b.ledger, Stripe: b.stripe,
+		Redis: b.rdb, DB: b.pool, Clock: b.clk, Stripe: b.stripe,
 		Streams: []reaper.StreamGroup{{Stream: b.stream, Group: b.group}},
 		Name:    "reaper", Namespace: "test", MinIdle: time.Second, Interval: 200 * time.Millisecond,
 		Lease: 2 * time.Second, Logger: testenv.Discard(),

@@ -12,14 +12,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const (
@@ -76,7 +76,7 @@ func setup(t testing.TB) *bundle {
 // tests only wait for Redis to report the entries idle (waitIdle).
 func (b *bundle) config(t testing.TB, name string) reaper.Config {
 	return reaper.Config{
-		Redis: b.rdb, Ledger: b.ledger, Stripe: b.stripe,
+		Redis: b.rdb, DB: b.pool, Stripe: b.stripe,
 		Streams: []reaper.StreamGroup{{Stream: b.stream, Group: b.group}},
 		Name:    name, MinIdle: time.Millisecond, Interval: 50 * time.Millisecond,
 		Namespace: testNamespace, Lease: 3 * time.Second, Workers: 8, PageSize: 100,

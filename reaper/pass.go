@@ -17,9 +17,9 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // pass accumulates one pass's counts; re-drive goroutines add to it after
@@ -323,7 +323,7 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 			keys = append(keys, k)
 		}
 	}
-	recs, err := r.cfg.Ledger.Lookup(ctx, keys)
+	recs, err := r.ledger.Lookup(ctx, keys)
 	if err != nil {
 		return err
 	}
@@ -349,7 +349,7 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 		}
 	}
 	if len(more) > 0 {
-		extra, err := r.cfg.Ledger.Lookup(ctx, more)
+		extra, err := r.ledger.Lookup(ctx, more)
 		if err != nil {
 			return err
 		}

@@ -29,12 +29,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/startstop"
 )
@@ -66,8 +67,9 @@ func (s StreamGroup) String() string { return s.Stream + "/" + s.Group }
 
 // Config configures a Reaper.
 type Config struct {
-	Redis  redis.UniversalClient // required
-	Ledger *ledger.Ledger        // required
+	Redis redis.UniversalClient // required
+	// DB reaches pelguard's ledger; required.
+	DB *pgxpool.Pool
 	// Stripe is the re-drive's Stripe adapter; required unless DryRun.
 	Stripe consumer.Stripe
 
@@ -147,8 +149,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Redis == nil:
 		return errors.New("reaper: Redis client is required")
-	case c.Ledger == nil:
-		return errors.New("reaper: ledger is required")
+	case c.DB == nil:
+		return errors.New("reaper: a Postgres pool (DB) is required")
 	case c.Stripe == nil && !c.DryRun:
 		return errors.New("reaper: Stripe client is required (only --dry-run runs without one)")
 	case len(c.Streams) == 0:
@@ -196,6 +198,7 @@ type Reaper struct {
 
 	mu       sync.Mutex
 	inFlight map[string]bool // stream + "\x00" + id
+	ledger   *ledger.Ledger
 	svc      startstop.Service
 }
 
@@ -219,6 +222,7 @@ func New(cfg Config) (*Reaper, error) {
 	}
 	r := &Reaper{
 		cfg:      cfg,
+		ledger:   ledger.New(cfg.DB, cfg.Clock),
 		slots:    make(chan struct{}, cfg.Workers),
 		inFlight: map[string]bool{},
 	}
@@ -229,7 +233,7 @@ func New(cfg Config) (*Reaper, error) {
 			// group, and it acts under the reaper's own consumer name, the
 			// name the XCLAIM hands entries to.
 			p, err := consumer.NewProcessor(consumer.Config{
-				Redis: cfg.Redis, Ledger: cfg.Ledger, Stripe: cfg.Stripe,
+				Redis: cfg.Redis, DB: cfg.DB, Stripe: cfg.Stripe,
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules,

@@ -12,12 +12,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 func TestMain(m *testing.M) {
@@ -42,7 +42,7 @@ func TestSlowAliveConsumerIsNeverClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config{
-		Redis: b.rdb, Ledger: b.ledger, Stripe: b.stripe, Stream: b.stream, Group: b.group,
+		Redis: b.rdb, DB: b.pool, Clock: b.clk, Stripe: b.stripe, Stream: b.stream, Group: b.group,
 		Name: "slow-consumer", Namespace: testNamespace, Block: 20 * time.Millisecond,
 		Lease: 600 * time.Millisecond, Logger: testenv.Logger(t),
 	})

@@ -20,7 +20,7 @@ import (
 
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const prog = "auditor"
@@ -124,11 +124,8 @@ func (f *auditFlags) open(ctx context.Context, stderr io.Writer, notify bool) (*
 	cleanup := pool.Close
 	cfg := f.cfg
 	cfg.Pool, cfg.Logger = pool, logger
-	retries := int64(f.stripe.MaxRetries)
-	if retries == 0 {
-		retries = -1 // the adapter reads 0 as "default"
-	}
-	cfg.Stripe = stripeapi.Config{APIKey: f.stripe.APIKey, BaseURL: f.stripe.APIBase, Mode: stripeapi.Mode(f.stripe.Mode),
+	retries := stripeapi.RetriesFromFlag(f.stripe.MaxRetries)
+	cfg.Stripe = stripeapi.Config{APIKey: f.stripe.APIKey, AllowUnrestrictedKey: f.stripe.AllowUnrestrictedKey, BaseURL: f.stripe.APIBase, Mode: stripeapi.Mode(f.stripe.Mode),
 		MaxNetworkRetries: retries, Timeout: f.stripe.Timeout, RateLimit: f.stripe.RateLimit}
 	if notify {
 		n, err := f.slack.Notifier(logger, f.reg)

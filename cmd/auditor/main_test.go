@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/clock"
+	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 func call(args ...string) (int, string, string) {

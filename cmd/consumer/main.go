@@ -22,8 +22,8 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/internal/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 )
 
@@ -154,7 +154,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	cs := make([]*consumer.Consumer, len(streams))
 	for i, sg := range streams {
 		cs[i], err = consumer.New(consumer.Config{
-			Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc,
+			Redis: rdb, DB: pool, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: f.name, Namespace: f.namespace,
 			Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
 			RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},

@@ -20,9 +20,8 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/internal/event"
-	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/reaper"
 )
 
@@ -180,7 +179,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		printer = newDecisionPrinter(stdout, f.jsonOut)
 	}
 	cfg := reaper.Config{
-		Redis: rdb, Ledger: ledger.New(pool, nil), Stripe: sc, Streams: streams,
+		Redis: rdb, DB: pool, Stripe: sc, Streams: streams,
 		Name: f.name, MinIdle: f.minIdle, Interval: f.interval, PageSize: f.pageSize, PageWorkers: f.pageWorkers,
 		MaxDeliveries: f.maxDeliveries, Workers: f.workers, ConsumerIdle: consumerIdle, DryRun: f.dryRun,
 		Namespace: f.namespace, Lease: f.lease, SafeKeyWindow: f.safeWindow, RequireCap: f.requireCap,

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,8 +14,8 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/migrations"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Default service URLs when neither flag nor environment names one.
@@ -104,8 +103,6 @@ func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration,
 	switch {
 	case s.APIKey == "":
 		return nil, Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
-	case strings.HasPrefix(s.APIKey, "sk_live_") && !s.AllowUnrestrictedKey:
-		return nil, Usagef("refusing an unrestricted live key (sk_live_…): create a restricted key (rk_live_…) with only the permissions this program needs, or pass --allow-unrestricted-key")
 	case s.Mode != "payment_intents" && s.Mode != "charges":
 		return nil, Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:
@@ -113,16 +110,9 @@ func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration,
 	case s.RateLimit < 0:
 		return nil, Usagef("--stripe-rate must not be negative")
 	}
-	if strings.HasPrefix(s.APIKey, "sk_live_") {
-		logger.Warn("using an unrestricted live Stripe key (--allow-unrestricted-key); a restricted rk_ key limits the damage of a leak")
-	}
-	retries := int64(s.MaxRetries)
-	if retries == 0 {
-		retries = -1 // the adapter reads 0 as "default"
-	}
 	c, err := stripeapi.New(stripeapi.Config{
-		APIKey: s.APIKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
-		MaxNetworkRetries: retries, Timeout: s.Timeout, RateLimit: s.RateLimit,
+		APIKey: s.APIKey, AllowUnrestrictedKey: s.AllowUnrestrictedKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
+		MaxNetworkRetries: stripeapi.RetriesFromFlag(s.MaxRetries), Timeout: s.Timeout, RateLimit: s.RateLimit,
 		Logger: logger, Observe: observe,
 	})
 	if err != nil {

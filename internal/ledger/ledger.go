@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/event"
 )
 
 // Status is a billing record's state.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/clock"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/testenv"
 )

@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/internal/naive"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 type bundle struct {

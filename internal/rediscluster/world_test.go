@@ -11,17 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/internal/event"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const (
@@ -37,6 +38,7 @@ const (
 type world struct {
 	rdb     redis.UniversalClient
 	ledger  *ledger.Ledger
+	pool    *pgxpool.Pool
 	sim     *stripesim.Server
 	stripe  *stripeapi.Client
 	streams []string
@@ -78,7 +80,7 @@ func newWorld(t testing.TB, rdb redis.UniversalClient, prefix string, o worldOpt
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{rdb: rdb, ledger: ledger.New(pool, nil), sim: sim, stripe: sc,
+	w := &world{rdb: rdb, pool: pool, ledger: ledger.New(pool, nil), sim: sim, stripe: sc,
 		reg: prometheus.NewRegistry(), logger: warnLogger(t)}
 	for n := range o.streams {
 		s := hashTagged(prefix, n)
@@ -125,7 +127,7 @@ func (w *world) start(t testing.TB, o worldOpts, minIdle time.Duration) {
 	lease := 2 * time.Second // heartbeat every ~667 ms, below the reaper's min-idle
 	for _, s := range w.streams {
 		c, err := consumer.New(consumer.Config{
-			Redis: w.rdb, Ledger: w.ledger, Stripe: w.stripe, Stream: s, Group: group,
+			Redis: w.rdb, DB: w.pool, Stripe: w.stripe, Stream: s, Group: group,
 			Namespace: testNamespace, Count: o.count, Workers: o.workers, Block: 100 * time.Millisecond,
 			Lease: lease, Metrics: cm, Logger: w.logger,
 		})
@@ -142,7 +144,7 @@ func (w *world) start(t testing.TB, o worldOpts, minIdle time.Duration) {
 		sgs = append(sgs, reaper.StreamGroup{Stream: s, Group: group})
 	}
 	r, err := reaper.New(reaper.Config{
-		Redis: w.rdb, Ledger: w.ledger, Stripe: w.stripe, Streams: sgs,
+		Redis: w.rdb, DB: w.pool, Stripe: w.stripe, Streams: sgs,
 		MinIdle: minIdle, Interval: 250 * time.Millisecond, Lease: lease, Namespace: testNamespace,
 		Workers: 8, PageSize: 200, ConsumerIdle: -1,
 		Metrics: reaper.NewMetrics(w.reg), Logger: w.logger,

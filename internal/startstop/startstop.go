@@ -35,10 +35,10 @@ func (s *Service) Start(ctx context.Context, run func(loopCtx, workCtx context.C
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
+	case s.stopped: // checked first: after Stop, a Start is refused as stopped
+		return ErrStopped
 	case s.started:
 		return ErrAlreadyStarted
-	case s.stopped:
-		return ErrStopped
 	}
 	s.started = true
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))

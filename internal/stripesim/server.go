@@ -21,6 +21,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"github.com/pelguard/pelguard/clock"
 	"io"
 	"log/slog"
 	"net"
@@ -72,7 +73,7 @@ type Server struct {
 	ln     net.Listener
 	http   *http.Server
 	url    string
-	clock  *clock
+	clock  *clock.Sim
 	store  *store
 	idem   *idemStore
 	faults faultState
@@ -476,4 +477,12 @@ func jsonResp(v any) response {
 		return errorResp(http.StatusInternalServerError, stripeError{Type: "api_error", Message: err.Error()})
 	}
 	return response{status: http.StatusOK, body: body, cache: true}
+}
+
+// newClock is frozen at start, or follows wall time when start is zero.
+func newClock(start time.Time) *clock.Sim {
+	if start.IsZero() {
+		return clock.NewSimFollowing()
+	}
+	return clock.NewSim(start)
 }

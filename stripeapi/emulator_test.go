@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const simKey = "sk_test_pelguardSECRETkey"

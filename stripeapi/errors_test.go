@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/stripeapi"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const secretKey = "sk_test_SECRETsecretSECRET1234"

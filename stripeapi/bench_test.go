@@ -9,9 +9,9 @@ import (
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
 
-	"github.com/pelguard/pelguard/internal/stripeapi"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // BenchmarkAdapterCharge charges through the adapter (payment_intents mode,

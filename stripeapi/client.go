@@ -31,6 +31,22 @@ const (
 	ModeCharges Mode = "charges"
 )
 
+// ErrUnrestrictedKey is New's answer to an sk_live_ key without
+// Config.AllowUnrestrictedKey.
+var ErrUnrestrictedKey = errors.New("stripeapi: refusing an unrestricted live key (sk_live_…): create a restricted key (rk_live_…) with only the permissions this program needs, or allow it explicitly (--allow-unrestricted-key)")
+
+// NoRetries is the MaxNetworkRetries value that disables stripe-go's retries.
+const NoRetries int64 = -1
+
+// RetriesFromFlag maps a user's retry count (0 = none) to MaxNetworkRetries
+// (0 = default).
+func RetriesFromFlag(n int) int64 {
+	if n <= 0 {
+		return NoRetries
+	}
+	return int64(n)
+}
+
 // Defaults applied by New.
 const (
 	DefaultMaxNetworkRetries int64 = 2
@@ -42,15 +58,22 @@ const (
 // Config configures a Client. Only APIKey is required.
 type Config struct {
 	// APIKey is the secret (sk_) or restricted (rk_) key. It is never
-	// logged and never appears in errors.
+	// logged and never appears in errors. An unrestricted live key
+	// (sk_live_) is refused with ErrUnrestrictedKey unless
+	// AllowUnrestrictedKey: a restricted rk_live_ key with only the
+	// permissions the program needs limits what a leaked key can do.
 	APIKey string
+	// AllowUnrestrictedKey accepts an sk_live_ key (Logger gets a warning).
+	AllowUnrestrictedKey bool
 	// BaseURL overrides the API base (STRIPE_API_BASE), e.g. the emulator or
 	// stripe-mock. Empty means real Stripe.
 	BaseURL string
 	// Mode selects PaymentIntents (default) or the Charges API.
 	Mode Mode
 	// MaxNetworkRetries is stripe-go's own retry count; its retries reuse the
-	// same Idempotency-Key. Default 2; negative means 0.
+	// same Idempotency-Key. 0 means the default (DefaultMaxNetworkRetries,
+	// 2); -1 (not 0) disables retries, as in go-redis. A CLI flag where the
+	// user types 0 for "no retries" passes -1 (see NoRetries).
 	MaxNetworkRetries int64
 	// Timeout bounds each HTTP attempt (not the whole call). Default 30s.
 	Timeout time.Duration
@@ -97,6 +120,14 @@ func New(cfg Config) (*Client, error) {
 	}
 	if strings.ContainsAny(cfg.APIKey, " \t\r\n") {
 		return nil, errors.New("stripeapi: APIKey contains whitespace")
+	}
+	if strings.HasPrefix(cfg.APIKey, "sk_live_") {
+		if !cfg.AllowUnrestrictedKey {
+			return nil, ErrUnrestrictedKey
+		}
+		if cfg.Logger != nil {
+			cfg.Logger.Warn("using an unrestricted live Stripe key (AllowUnrestrictedKey); a restricted rk_ key limits the damage of a leak")
+		}
 	}
 	cfg.Mode = cmp.Or(cfg.Mode, ModePaymentIntents)
 	if cfg.Mode != ModePaymentIntents && cfg.Mode != ModeCharges {

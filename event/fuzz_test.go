@@ -6,7 +6,7 @@ import (
 )
 
 // FuzzParse proves the parser never panics and that whatever it accepts is
-// valid by its own rules. Run: go test -fuzz FuzzParse ./internal/event/
+// valid by its own rules. Run: go test -fuzz FuzzParse ./event/
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte(`{"amount_cents":-0}`))

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/stripeapi"
-	"github.com/pelguard/pelguard/internal/stripeapi/stripemocktest"
+	"github.com/pelguard/pelguard/internal/stripemocktest"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // TestStripeMockConformance runs every adapter call against Stripe's
