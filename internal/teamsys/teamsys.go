@@ -19,7 +19,7 @@
 //	c := env.Start(t, teamsys.Config{Role: teamsys.RoleConsumer})
 //	testenv.Eventually(t, 30*time.Second, func() bool { return len(env.Rows(t)) == 1 }, "billed")
 //
-// The team's stream format is pelguard's (internal/event): one field
+// The team's stream format is pelguard's (package event): one field
 // "payload" holding {"customer_id","stripe_customer_id","amount_cents",
 // "billing_period","currency"}, so one stream can feed both systems. The
 // team's idempotency key is event.IdempotencyKey under IdempotencyNamespace.
