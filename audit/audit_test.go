@@ -458,10 +458,10 @@ func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	bad := []Config{
 		{},
-		{Pool: setup(t).pool, Parallel: -1},
-		{Pool: setup(t).pool, LegacyPattern: "no group"},
-		{Pool: setup(t).pool, LegacyPattern: "(unclosed"},
-		{Pool: setup(t).pool, SettleDelay: -time.Second},
+		{DB: setup(t).pool, Parallel: -1},
+		{DB: setup(t).pool, LegacyPattern: "no group"},
+		{DB: setup(t).pool, LegacyPattern: "(unclosed"},
+		{DB: setup(t).pool, SettleDelay: -time.Second},
 	}
 	for i, c := range bad {
 		if _, err := New(c); err == nil {

@@ -38,8 +38,8 @@ func New(cfg Config) (*Auditor, error) {
 		return nil, fmt.Errorf("audit config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	a := &Auditor{cfg: cfg, store: NewStore(cfg.Pool), log: cfg.Logger}
-	a.ledger = ledger.New(cfg.Pool, cfg.Clock)
+	a := &Auditor{cfg: cfg, store: NewStore(cfg.DB, cfg.Schema), log: cfg.Logger}
+	a.ledger = ledger.New(cfg.DB, cfg.Schema, cfg.Clock)
 	sc := cfg.Stripe
 	sc.HTTPClient = countingClient(sc.HTTPClient, &a.pages)
 	var err error
@@ -98,7 +98,7 @@ func (r Report) ExitCode() int {
 // the lock past LockWait, ErrEmptyWindow when there is nothing to audit.
 func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 	start := time.Now()
-	lock, err := acquireLock(ctx, a.cfg.Pool, lockRun, a.cfg.LockWait)
+	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRun, a.cfg.LockWait)
 	if err != nil {
 		return Report{}, err
 	}

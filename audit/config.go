@@ -22,6 +22,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -64,10 +65,13 @@ const (
 	DefaultCommandName = "auditor"
 )
 
-// Config configures an Auditor. Pool and Stripe.APIKey are required.
+// Config configures an Auditor. DB and Stripe.APIKey are required.
 type Config struct {
-	// Pool reaches the ledger and the audit tables.
-	Pool *pgxpool.Pool
+	// DB reaches the ledger and the audit tables; required.
+	DB *pgxpool.Pool
+	// Schema holds pelguard's tables (default "pelguard"); it must match the
+	// consumers'.
+	Schema string
 	// Stripe configures the Stripe adapter the Auditor builds (its
 	// RateLimit is the client-side limit every page waits on). The Auditor
 	// wraps Stripe.HTTPClient to count pages; it never mutates it.
@@ -140,8 +144,13 @@ func (c Config) withDefaults() Config {
 // checked by the adapter when New builds it.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Pool == nil {
-		errs = append(errs, errors.New("a Postgres pool is required"))
+	if c.DB == nil {
+		errs = append(errs, errors.New("a Postgres pool (DB) is required"))
+	}
+	if c.Schema != "" {
+		if err := pg.ValidSchema(c.Schema); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for name, d := range map[string]time.Duration{
 		"SettleDelay": c.SettleDelay, "Overlap": c.Overlap, "InitialLookback": c.InitialLookback,

@@ -46,9 +46,10 @@ func setup(t testing.TB) *bundle {
 	sim := stripesim.MustNew(stripesim.Config{Now: now})
 	t.Cleanup(sim.Close)
 	clk := clock.NewSim(now)
-	b := &bundle{pool: pool, sim: sim, clk: clk, ledger: ledger.New(pool, clk), mem: alerts.NewMemory()}
+	b := &bundle{pool: pool, sim: sim, clk: clk, ledger: ledger.New(pool, testenv.SchemaOf(pool), clk), mem: alerts.NewMemory()}
 	b.cfg = Config{
-		Pool:     pool,
+		DB:       pool,
+		Schema:   testenv.SchemaOf(pool),
 		Stripe:   stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), MaxNetworkRetries: -1},
 		Notifier: b.mem,
 		Logger:   testenv.Logger(t),

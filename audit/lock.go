@@ -13,7 +13,7 @@ import (
 // run while a scheduled run lists Stripe, but two runs (which would both
 // count the same new findings and alert twice) or two refund runs (which
 // would race for the same caps) may not. Advisory locks are per database,
-// so the first half of the two-part key is the schema's hash: two pelguard
+// so the first half of the two-part key is the hash of pelguard's schema: two pelguard
 // ledgers in one database (one per schema, as every test has) audit
 // independently.
 const (
@@ -25,13 +25,14 @@ const (
 // locks belong to the connection, so it must not return to the pool while
 // held.
 type heldLock struct {
-	conn *pgxpool.Conn
-	key  int32
+	conn   *pgxpool.Conn
+	schema string
+	key    int32
 }
 
 // acquireLock takes key, waiting up to wait (0: not at all). It returns
 // ErrLocked when someone else still holds it.
-func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int32, wait time.Duration) (*heldLock, error) {
+func acquireLock(ctx context.Context, pool *pgxpool.Pool, schema string, key int32, wait time.Duration) (*heldLock, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection for the audit lock: %w", err)
@@ -39,12 +40,12 @@ func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int32, wait time.D
 	deadline := time.Now().Add(wait)
 	for {
 		var ok bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext(current_schema()), $1)`, key).Scan(&ok); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($2), $1)`, key, schema).Scan(&ok); err != nil {
 			conn.Release()
 			return nil, fmt.Errorf("taking the audit lock: %w", err)
 		}
 		if ok {
-			return &heldLock{conn: conn, key: key}, nil
+			return &heldLock{conn: conn, schema: schema, key: key}, nil
 		}
 		if !time.Now().Before(deadline) {
 			conn.Release()
@@ -69,7 +70,7 @@ func acquireLock(ctx context.Context, pool *pgxpool.Pool, key int32, wait time.D
 func (l *heldLock) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext(current_schema()), $1)`, l.key); err != nil {
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($2), $1)`, l.key, l.schema); err != nil {
 		_ = l.conn.Conn().Close(ctx)
 	}
 	l.conn.Release()

@@ -64,7 +64,7 @@ type RefundReport struct {
 // It never refunds a canonical charge: not the finding's, not the one the
 // ledger records, and not one whose canonical charge Stripe may lack.
 func (a *Auditor) Refund(ctx context.Context, opts RefundOptions) (RefundReport, error) {
-	lock, err := acquireLock(ctx, a.cfg.Pool, lockRefund, opts.LockWait)
+	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRefund, opts.LockWait)
 	if err != nil {
 		return RefundReport{DryRun: opts.DryRun}, err
 	}

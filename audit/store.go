@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
 )
 
@@ -71,10 +72,13 @@ type Finding struct {
 
 // Store reads and changes findings; it needs Postgres only, so the
 // findings, resolve and dismiss commands run without a Stripe key.
-type Store struct{ pool *pgxpool.Pool }
+type Store struct{ pool pg.DB }
 
-// NewStore returns a Store over pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// NewStore returns a Store over pool, for the audit tables in schema
+// (empty: pelguard's default schema).
+func NewStore(pool *pgxpool.Pool, schema string) *Store {
+	return &Store{pool: pg.NewDB(pool, schema)}
+}
 
 const findingCols = `id, kind, state, subject, legacy, coalesce(customer_id, ''), coalesce(billing_period, ''),
 	coalesce(stripe_customer_id, ''), coalesce(charge_id, ''), coalesce(canonical_charge_id, ''),
@@ -117,7 +121,7 @@ func (s *Store) insertFindings(ctx context.Context, runID int64, fs []Finding) e
 					AS t(kind, subject, legacy, customer_id, billing_period, stripe_customer_id,
 						charge_id, canonical_charge_id, idempotency_key, amount_cents, currency, detail)
 			), ins AS (
-				INSERT INTO audit_findings (kind, subject, legacy, customer_id, billing_period, stripe_customer_id,
+				INSERT INTO {schema}.audit_findings (kind, subject, legacy, customer_id, billing_period, stripe_customer_id,
 					charge_id, canonical_charge_id, idempotency_key, amount_cents, currency, detail, first_run_id)
 				SELECT kind, subject, legacy, nullif(customer_id, ''), nullif(billing_period, ''),
 					nullif(stripe_customer_id, ''), nullif(charge_id, ''), nullif(canonical_charge_id, ''),
@@ -129,7 +133,7 @@ func (s *Store) insertFindings(ctx context.Context, runID int64, fs []Finding) e
 			SELECT i.kind, i.subject, coalesce(ins.id, f.id), coalesce(ins.state, f.state), ins.id IS NOT NULL
 			FROM input i
 			LEFT JOIN ins ON ins.kind = i.kind AND ins.subject = i.subject
-			LEFT JOIN audit_findings f ON f.kind = i.kind AND f.subject = i.subject`,
+			LEFT JOIN {schema}.audit_findings f ON f.kind = i.kind AND f.subject = i.subject`,
 			kinds, subjects, legacy, cust, per, scust, charge, canon, key, amount, cur, detail, runID)
 		if err != nil {
 			return fmt.Errorf("storing %d findings: %w", n, err)
@@ -173,7 +177,7 @@ func (s *Store) Findings(ctx context.Context, f Filter) ([]Finding, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM audit_findings
+	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM {schema}.audit_findings
 		WHERE ($1 = '' OR kind = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR billing_period = $3)
 		ORDER BY id DESC LIMIT $4`, string(f.Kind), string(f.State), f.Period, limit)
 	if err != nil {
@@ -188,7 +192,7 @@ func (s *Store) Findings(ctx context.Context, f Filter) ([]Finding, error) {
 
 // Get reads one finding.
 func (s *Store) Get(ctx context.Context, id int64) (Finding, error) {
-	f, err := scanFinding(s.pool.QueryRow(ctx, `SELECT `+findingCols+` FROM audit_findings WHERE id = $1`, id))
+	f, err := scanFinding(s.pool.QueryRow(ctx, `SELECT `+findingCols+` FROM {schema}.audit_findings WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Finding{}, fmt.Errorf("finding %d: %w", id, ErrNotFound)
 	}
@@ -214,7 +218,7 @@ func (s *Store) setState(ctx context.Context, id int64, to State, from ...State)
 	for i, st := range from {
 		allowed[i] = string(st)
 	}
-	f, err := scanFinding(s.pool.QueryRow(ctx, `UPDATE audit_findings SET state = $2, updated_at = now()
+	f, err := scanFinding(s.pool.QueryRow(ctx, `UPDATE {schema}.audit_findings SET state = $2, updated_at = now()
 		WHERE id = $1 AND state = ANY($3::text[]) RETURNING `+findingCols, id, string(to), allowed))
 	if errors.Is(err, pgx.ErrNoRows) {
 		cur, gerr := s.Get(ctx, id)
@@ -232,7 +236,7 @@ func (s *Store) setState(ctx context.Context, id int64, to State, from ...State)
 // markRefunded records a refund; only an open finding can become refunded,
 // so a finding refunded twice by two operators is impossible.
 func (s *Store) markRefunded(ctx context.Context, id int64, refundID string, cents int64, at time.Time) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE audit_findings SET state = 'refunded', refund_id = $2,
+	tag, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_findings SET state = 'refunded', refund_id = $2,
 		refunded_cents = $3, refunded_at = $4, updated_at = now() WHERE id = $1 AND state = 'open'`,
 		id, refundID, cents, at)
 	if err != nil {
@@ -246,7 +250,7 @@ func (s *Store) markRefunded(ctx context.Context, id int64, refundID string, cen
 
 // openDuplicates lists open duplicate findings, oldest first.
 func (s *Store) openDuplicates(ctx context.Context) ([]Finding, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM audit_findings
+	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM {schema}.audit_findings
 		WHERE kind = 'duplicate_charge' AND state = 'open' ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing open duplicates: %w", err)
@@ -262,7 +266,7 @@ func (s *Store) openDuplicates(ctx context.Context) ([]Finding, error) {
 // a canonical charge Stripe may not have must not justify a refund.
 func (s *Store) openMissing(ctx context.Context, chargeID string) (bool, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM audit_findings
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM {schema}.audit_findings
 		WHERE kind = 'missing_charge' AND state = 'open' AND charge_id = $1`, chargeID).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("checking missing findings for %s: %w", chargeID, err)
@@ -273,7 +277,7 @@ func (s *Store) openMissing(ctx context.Context, chargeID string) (bool, error) 
 // checkpoint is the end of the last successful scheduled window.
 func (s *Store) checkpoint(ctx context.Context) (time.Time, bool, error) {
 	var t *time.Time
-	err := s.pool.QueryRow(ctx, `SELECT max(window_to) FROM audit_runs WHERE status = 'ok' AND NOT manual`).Scan(&t)
+	err := s.pool.QueryRow(ctx, `SELECT max(window_to) FROM {schema}.audit_runs WHERE status = 'ok' AND NOT manual`).Scan(&t)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("reading the audit checkpoint: %w", err)
 	}
@@ -285,7 +289,7 @@ func (s *Store) checkpoint(ctx context.Context) (time.Time, bool, error) {
 
 func (s *Store) startRun(ctx context.Context, w Window, manual bool, now time.Time) (int64, error) {
 	var id int64
-	err := s.pool.QueryRow(ctx, `INSERT INTO audit_runs (started_at, window_from, window_to, manual)
+	err := s.pool.QueryRow(ctx, `INSERT INTO {schema}.audit_runs (started_at, window_from, window_to, manual)
 		VALUES ($1, $2, $3, $4) RETURNING id`, now, w.From, w.To, manual).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("recording the audit run: %w", err)
@@ -300,7 +304,7 @@ func (s *Store) finishRun(ctx context.Context, id int64, scanned int64, newFindi
 		m := redact.String(runErr.Error())
 		msg = &m
 	}
-	_, err := s.pool.Exec(ctx, `UPDATE audit_runs SET finished_at = $2, status = $3, charges_scanned = $4,
+	_, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_runs SET finished_at = $2, status = $3, charges_scanned = $4,
 		findings_new = $5, error = $6 WHERE id = $1`, id, now, status, scanned, newFindings, msg)
 	if err != nil {
 		return fmt.Errorf("recording the end of audit run %d: %w", id, err)

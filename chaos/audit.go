@@ -45,7 +45,8 @@ func (d *drill) runCell(ctx context.Context, scenario, mode string, n, total int
 // naive run's duplicates the way `auditor refund` does.
 func (c *cell) audit(ctx context.Context, res *Result) error {
 	a, err := audit.New(audit.Config{
-		Pool:   c.pool,
+		DB:     c.pool,
+		Schema: c.schema,
 		Stripe: stripeapi.Config{APIKey: stripeKey, BaseURL: c.sim.URL(), MaxNetworkRetries: -1},
 		Logger: c.log,
 		// The cell's clock: expired-key moves it a day ahead with the

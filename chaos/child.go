@@ -26,6 +26,7 @@ const ChildEnv = "PELGUARD_CHAOS_CHILD"
 const (
 	envRedis  = "PELGUARD_CHAOS_REDIS_URL"
 	envDB     = "PELGUARD_CHAOS_DATABASE_URL"
+	envSchema = "PELGUARD_CHAOS_DB_SCHEMA"
 	envStripe = "PELGUARD_CHAOS_STRIPE_URL"
 	envStream = "PELGUARD_CHAOS_STREAM"
 	envGroup  = "PELGUARD_CHAOS_GROUP"
@@ -93,7 +94,7 @@ func runChild(mode string) error {
 			return fmt.Errorf("parsing the lease: %w", err)
 		}
 		c, err := consumer.New(consumer.Config{
-			Redis: rdb, DB: pool, Stripe: sc, Stream: stream, Group: group,
+			Redis: rdb, DB: pool, Schema: os.Getenv(envSchema), Stripe: sc, Stream: stream, Group: group,
 			Name: "child", Namespace: namespace, Count: 10, Workers: 4, Lease: l, Block: 50 * time.Millisecond,
 			Test: consumer.TestConfig{AfterStripeReply: killSelf},
 		})
@@ -124,7 +125,7 @@ func (c *cell) runKilledChild(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, exe)
-	cmd.Env = append(os.Environ(), ChildEnv+"="+c.mode, envRedis+"="+c.redisURL, envDB+"="+c.dbURL,
+	cmd.Env = append(os.Environ(), ChildEnv+"="+c.mode, envRedis+"="+c.redisURL, envDB+"="+c.dbURL, envSchema+"="+c.schema,
 		envStripe+"="+c.sim.URL(), envStream+"="+c.stream, envGroup+"="+c.group,
 		envLease+"="+lease(c.d.cfg.MinIdle).String())
 	out, err := cmd.CombinedOutput()

@@ -101,30 +101,30 @@ func (d *drill) dropSchema(ctx context.Context, s string) {
 
 // newSchema creates a migrated schema of the run's own and returns a pool
 // and a URL (for the child process) whose search_path selects it.
-func (d *drill) newSchema(ctx context.Context, suffix string) (*pgxpool.Pool, string, error) {
+func (d *drill) newSchema(ctx context.Context, suffix string) (*pgxpool.Pool, string, string, error) {
 	schema := "chaos_" + d.runID + "_" + suffix
 	d.mu.Lock()
 	d.schemas = append(d.schemas, schema)
 	d.mu.Unlock()
 	if _, err := d.admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, "", fmt.Errorf("creating schema %s: %w", schema, redact.Error(err))
+		return nil, "", "", fmt.Errorf("creating schema %s: %w", schema, redact.Error(err))
 	}
 	url := withSearchPath(d.cfg.DatabaseURL, schema)
 	pool, err := pg.Open(ctx, url, 16)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	m, err := migrations.New(pool, nil)
+	m, err := migrations.New(pool, schema, nil)
 	if err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("migrating %s: %w", schema, err)
+		return nil, "", "", fmt.Errorf("migrating %s: %w", schema, err)
 	}
 	defer m.Close()
 	if _, err := m.Up(ctx); err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("migrating %s: %w", schema, redact.Error(err))
+		return nil, "", "", fmt.Errorf("migrating %s: %w", schema, redact.Error(err))
 	}
-	return pool, url, nil
+	return pool, url, schema, nil
 }
 
 // withSearchPath adds search_path to a postgres URL (pgx passes unknown
@@ -150,6 +150,7 @@ type cell struct {
 	sim      *stripesim.Server
 	pool     *pgxpool.Pool
 	dbURL    string
+	schema   string
 	clk      *clock.Sim
 	ledger   *ledger.Ledger
 	events   []event.Event
@@ -185,13 +186,13 @@ func (d *drill) newCell(ctx context.Context, scenario, mode string, n int) (*cel
 	}
 	c.sim = sim
 	closers = append(closers, sim.Close)
-	pool, url, err := d.newSchema(ctx, fmt.Sprintf("%d", n))
+	pool, url, schema, err := d.newSchema(ctx, fmt.Sprintf("%d", n))
 	if err != nil {
 		return nil, cleanup, err
 	}
-	c.pool, c.dbURL = pool, url
+	c.pool, c.dbURL, c.schema = pool, url, schema
 	closers = append(closers, pool.Close)
-	c.ledger = ledger.New(pool, c.clk)
+	c.ledger = ledger.New(pool, schema, c.clk)
 	for i := range d.cfg.Events {
 		c.events = append(c.events, event.Event{
 			CustomerID: fmt.Sprintf("c_%d", i), StripeCustomerID: fmt.Sprintf("cus_%d", i),

@@ -131,7 +131,7 @@ func (c *cell) startNaive(ctx context.Context, consumers ...*naive.Consumer) (*r
 // a cell shares (the namespace above all: it is in the idempotency key).
 func (c *cell) pelguardConfig(name string, sc consumer.Stripe) consumer.Config {
 	return consumer.Config{
-		Redis: c.rdb, DB: c.pool, Stripe: sc, Stream: c.stream, Group: c.group,
+		Redis: c.rdb, DB: c.pool, Schema: c.schema, Stripe: sc, Stream: c.stream, Group: c.group,
 		Name: name, Namespace: namespace, Count: 10, Block: 50 * time.Millisecond, Workers: 4,
 		Lease: lease(c.d.cfg.MinIdle), Logger: c.log, Clock: c.clk,
 	}
@@ -150,7 +150,7 @@ func (c *cell) startPelguard(ctx context.Context, name string, sc consumer.Strip
 		return nil, err
 	}
 	rp, err := reaper.New(reaper.Config{
-		Redis: c.rdb, DB: c.pool, Stripe: plain,
+		Redis: c.rdb, DB: c.pool, Schema: c.schema, Stripe: plain,
 		Streams: []reaper.StreamGroup{{Stream: c.stream, Group: c.group}},
 		MinIdle: c.d.cfg.MinIdle, Interval: 50 * time.Millisecond, Namespace: namespace,
 		Lease: lease(c.d.cfg.MinIdle), ConsumerIdle: -1, Logger: c.log, Clock: c.clk,

@@ -29,6 +29,7 @@ import (
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/startstop"
 )
 
@@ -48,6 +49,10 @@ type Config struct {
 	// DB reaches the ledger (the tables `migrations.New(...).Up` creates).
 	// Required. A Stripe call in flight holds no connection.
 	DB *pgxpool.Pool
+	// Schema is the Postgres schema that holds pelguard's tables (default
+	// "pelguard", what `migrate up` creates). Every statement names it, so
+	// a team's own tables elsewhere in the database are never touched.
+	Schema string
 	// Stripe is the charge adapter; required. Build it with stripeapi.New
 	// and share one per process, so its rate limit is shared.
 	Stripe Stripe
@@ -125,7 +130,7 @@ func (c *Config) setDefaults() {
 	}
 	c.Clock = clock.Or(c.Clock)
 	if c.ledger == nil && c.DB != nil {
-		c.ledger = ledger.New(c.DB, c.Clock)
+		c.ledger = ledger.New(c.DB, c.Schema, c.Clock)
 	}
 }
 
@@ -136,6 +141,8 @@ func (c *Config) Validate() error {
 		return errors.New("consumer: Redis client is required")
 	case c.DB == nil:
 		return errors.New("consumer: a Postgres pool (DB) is required")
+	case c.Schema != "" && pg.ValidSchema(c.Schema) != nil:
+		return fmt.Errorf("consumer: --db-schema: %w", pg.ValidSchema(c.Schema))
 	case c.Stripe == nil:
 		return errors.New("consumer: Stripe client is required")
 	case c.Stream == "":

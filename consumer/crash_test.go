@@ -33,7 +33,7 @@ func TestKilledBetweenStripeReplyAndAck(t *testing.T) {
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "PELGUARD_CHILD=kill-after-stripe",
-		"CHILD_REDIS_URL="+testenv.RedisURL(), "CHILD_DATABASE_URL="+b.dbURL, "CHILD_STRIPE_URL="+b.sim.URL(),
+		"CHILD_REDIS_URL="+testenv.RedisURL(), "CHILD_DATABASE_URL="+b.dbURL, "CHILD_DB_SCHEMA="+testenv.SchemaOfURL(b.dbURL), "CHILD_STRIPE_URL="+b.sim.URL(),
 		"CHILD_STREAM="+b.stream, "CHILD_GROUP="+b.group)
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError

@@ -68,7 +68,7 @@ func setup(t testing.TB, o opts) *bundle {
 	}
 	b := &bundle{
 		rdb:    testenv.Redis(t),
-		ledger: ledger.New(pool, o.clk),
+		ledger: ledger.New(pool, testenv.SchemaOf(pool), o.clk),
 		pool:   pool,
 		clk:    o.clk,
 		sim:    sim,
@@ -86,7 +86,7 @@ func setup(t testing.TB, o opts) *bundle {
 
 func (b *bundle) config(t testing.TB, name string) consumer.Config {
 	return consumer.Config{
-		Redis: b.rdb, DB: b.pool, Stripe: b.stripe, Stream: b.stream, Group: b.group,
+		Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool), Stripe: b.stripe, Stream: b.stream, Group: b.group,
 		Name: name, Namespace: "test", Block: 50 * time.Millisecond, Lease: 3 * time.Second,
 		Logger: testenv.Logger(t), Clock: b.clk,
 	}

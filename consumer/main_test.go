@@ -44,7 +44,7 @@ func runChild() int {
 		return 3
 	}
 	c, err := consumer.New(consumer.Config{
-		Redis: rdb, DB: pool, Stripe: sc,
+		Redis: rdb, DB: pool, Schema: os.Getenv("CHILD_DB_SCHEMA"), Stripe: sc,
 		Stream: os.Getenv("CHILD_STREAM"), Group: os.Getenv("CHILD_GROUP"), Name: "child",
 		Namespace: "test", Lease: time.Second, Block: 50 * time.Millisecond,
 		Test: consumer.TestConfig{AfterStripeReply: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }},

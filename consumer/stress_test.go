@@ -44,7 +44,7 @@ func TestManyEventsWithFaults(t *testing.T) {
 		start(t, cfg)
 	}
 	r, err := reaper.New(reaper.Config{
-		Redis: b.rdb, DB: b.pool, Clock: b.clk, Stripe: b.stripe,
+		Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool), Clock: b.clk, Stripe: b.stripe,
 		Streams: []reaper.StreamGroup{{Stream: b.stream, Group: b.group}},
 		Name:    "reaper", Namespace: "test", MinIdle: time.Second, Interval: 200 * time.Millisecond,
 		Lease: 2 * time.Second, Logger: testenv.Discard(),

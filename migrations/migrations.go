@@ -7,23 +7,32 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"embed"
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 //go:embed *.sql
 var files embed.FS
 
-// VersionTable is where goose records which migrations have been applied.
+// VersionTable is where goose records which migrations have been applied,
+// in pelguard's schema.
 const VersionTable = "pelguard_schema_migrations"
+
+// DefaultSchema is the schema pelguard's tables live in unless configured
+// (--db-schema, PELGUARD_DB_SCHEMA).
+const DefaultSchema = pg.DefaultSchema
 
 // Status is one migration's state.
 type Status struct {
@@ -32,21 +41,31 @@ type Status struct {
 	Applied bool
 }
 
-// Migrator applies pelguard's migrations to one database (or, in tests, one
-// schema selected by the pool's search_path).
+// Migrator applies pelguard's migrations to one schema of a database.
 type Migrator struct {
 	db       *sql.DB
+	pool     *pgxpool.Pool
+	schema   string
 	provider *goose.Provider
 }
 
-// New builds a Migrator over pool. Close releases the database/sql handle
-// (the pool itself stays open).
-func New(pool *pgxpool.Pool, logger *slog.Logger) (*Migrator, error) {
+// New builds a Migrator for schema (empty: DefaultSchema) over the database
+// pool reaches. The migrations run on connections of their own whose
+// search_path is that schema alone, so an unqualified name in a migration
+// can only ever mean pelguard's table, never one of the team's. Close
+// releases those connections (the pool itself stays open).
+func New(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*Migrator, error) {
+	schema = cmp.Or(schema, DefaultSchema)
+	if err := pg.ValidSchema(schema); err != nil {
+		return nil, err
+	}
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		return nil, fmt.Errorf("creating migration lock: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
+	cc := pool.Config().ConnConfig.Copy()
+	cc.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	db := stdlib.OpenDB(*cc)
 	opts := []goose.ProviderOption{
 		goose.WithSessionLocker(locker),
 		goose.WithTableName(VersionTable),
@@ -60,14 +79,18 @@ func New(pool *pgxpool.Pool, logger *slog.Logger) (*Migrator, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("loading migrations: %w", err)
 	}
-	return &Migrator{db: db, provider: p}, nil
+	return &Migrator{db: db, pool: pool, schema: schema, provider: p}, nil
 }
 
 // Close releases the migrator's database handle.
 func (m *Migrator) Close() error { return m.db.Close() }
 
-// Up applies every pending migration and returns the versions applied.
+// Up creates the schema if it is missing, then applies every pending
+// migration and returns the versions applied.
 func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
+	if _, err := m.pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("creating schema %s: %w", m.schema, err)
+	}
 	res, err := m.provider.Up(ctx)
 	if err != nil {
 		return versions(res), fmt.Errorf("migrating up: %w", err)
@@ -85,31 +108,27 @@ func (m *Migrator) Down(ctx context.Context) ([]int64, error) {
 	return versions(res), nil
 }
 
-// Status lists every known migration and whether it is applied.
+// Schema is the schema the migrator works on.
+func (m *Migrator) Schema() string { return m.schema }
+
+// Status lists every known migration and whether it is applied. It writes
+// nothing (see Check).
 func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
-	st, err := m.provider.Status(ctx)
+	st, err := Check(ctx, m.pool, m.schema)
 	if err != nil {
-		return nil, fmt.Errorf("reading migration status: %w", err)
+		return nil, err
 	}
-	out := make([]Status, 0, len(st))
-	for _, s := range st {
-		out = append(out, Status{
-			Version: s.Source.Version,
-			Name:    baseName(s.Source.Path),
-			Applied: s.State == goose.StateApplied,
-		})
-	}
-	return out, nil
+	return st.Migrations, nil
 }
 
 // Pending reports whether any migration is not yet applied; binaries refuse
-// to start against an out-of-date schema.
+// to start against an out-of-date schema. It writes nothing.
 func (m *Migrator) Pending(ctx context.Context) (bool, error) {
-	p, err := m.provider.HasPending(ctx)
+	st, err := Check(ctx, m.pool, m.schema)
 	if err != nil {
-		return false, fmt.Errorf("checking for pending migrations: %w", err)
+		return false, err
 	}
-	return p, nil
+	return st.Pending(), nil
 }
 
 func versions(res []*goose.MigrationResult) []int64 {

@@ -32,7 +32,7 @@ func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := testenv.BareDB(t)
-	m, err := migrations.New(pool, nil)
+	m, err := migrations.New(pool, testenv.SchemaOf(pool), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestConcurrentUp(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, err := migrations.New(pool, nil)
+			m, err := migrations.New(pool, testenv.SchemaOf(pool), nil)
 			if err != nil {
 				errs[i] = err
 				return

@@ -61,7 +61,7 @@ func setup(t testing.TB) *bundle {
 	// be pushed forward to expire leases without sleeping.
 	clk := clock.NewSimFollowing()
 	b := &bundle{
-		rdb: testenv.Redis(t), pool: pool, ledger: ledger.New(pool, clk), clk: clk,
+		rdb: testenv.Redis(t), pool: pool, ledger: ledger.New(pool, testenv.SchemaOf(pool), clk), clk: clk,
 		sim: sim, stripe: sc, notifier: alerts.NewMemory(),
 		stream: testenv.Name(t, "billing"), group: "billing-group",
 	}
@@ -76,7 +76,7 @@ func setup(t testing.TB) *bundle {
 // tests only wait for Redis to report the entries idle (waitIdle).
 func (b *bundle) config(t testing.TB, name string) reaper.Config {
 	return reaper.Config{
-		Redis: b.rdb, DB: b.pool, Stripe: b.stripe,
+		Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool), Stripe: b.stripe,
 		Streams: []reaper.StreamGroup{{Stream: b.stream, Group: b.group}},
 		Name:    name, MinIdle: time.Millisecond, Interval: 50 * time.Millisecond,
 		Namespace: testNamespace, Lease: 3 * time.Second, Workers: 8, PageSize: 100,

@@ -37,6 +37,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/startstop"
 )
 
@@ -70,6 +71,9 @@ type Config struct {
 	Redis redis.UniversalClient // required
 	// DB reaches pelguard's ledger; required.
 	DB *pgxpool.Pool
+	// Schema holds pelguard's tables (default "pelguard"); it must match
+	// the consumers'.
+	Schema string
 	// Stripe is the re-drive's Stripe adapter; required unless DryRun.
 	Stripe consumer.Stripe
 
@@ -151,6 +155,8 @@ func (c *Config) Validate() error {
 		return errors.New("reaper: Redis client is required")
 	case c.DB == nil:
 		return errors.New("reaper: a Postgres pool (DB) is required")
+	case c.Schema != "" && pg.ValidSchema(c.Schema) != nil:
+		return fmt.Errorf("reaper: --db-schema: %w", pg.ValidSchema(c.Schema))
 	case c.Stripe == nil && !c.DryRun:
 		return errors.New("reaper: Stripe client is required (only --dry-run runs without one)")
 	case len(c.Streams) == 0:
@@ -222,7 +228,7 @@ func New(cfg Config) (*Reaper, error) {
 	}
 	r := &Reaper{
 		cfg:      cfg,
-		ledger:   ledger.New(cfg.DB, cfg.Clock),
+		ledger:   ledger.New(cfg.DB, cfg.Schema, cfg.Clock),
 		slots:    make(chan struct{}, cfg.Workers),
 		inFlight: map[string]bool{},
 	}
@@ -233,7 +239,7 @@ func New(cfg Config) (*Reaper, error) {
 			// group, and it acts under the reaper's own consumer name, the
 			// name the XCLAIM hands entries to.
 			p, err := consumer.NewProcessor(consumer.Config{
-				Redis: cfg.Redis, DB: cfg.DB, Stripe: cfg.Stripe,
+				Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Stripe: cfg.Stripe,
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules,

@@ -42,7 +42,7 @@ func TestSlowAliveConsumerIsNeverClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config{
-		Redis: b.rdb, DB: b.pool, Clock: b.clk, Stripe: b.stripe, Stream: b.stream, Group: b.group,
+		Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool), Clock: b.clk, Stripe: b.stripe, Stream: b.stream, Group: b.group,
 		Name: "slow-consumer", Namespace: testNamespace, Block: 20 * time.Millisecond,
 		Lease: 600 * time.Millisecond, Logger: testenv.Logger(t),
 	})

@@ -72,13 +72,15 @@ permission, fails the run (exit 2) and alerts Slack.`
 
 // common holds what every subcommand shares.
 type common struct {
-	dbURL string
-	log   cli.Logging
-	json  bool
+	dbURL  string
+	schema string
+	log    cli.Logging
+	json   bool
 }
 
 func (c *common) register(fs *flag.FlagSet) {
 	cli.RegisterDatabase(fs, &c.dbURL)
+	cli.RegisterSchema(fs, &c.schema)
 	c.log.Register(fs)
 	fs.BoolVar(&c.json, "json", false, "write JSON to stdout instead of a table")
 }
@@ -116,14 +118,14 @@ func (f *auditFlags) open(ctx context.Context, stderr io.Writer, notify bool) (*
 	if _, err := f.stripe.Client(logger, nil); err != nil {
 		return nil, nil, nil, err
 	}
-	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(max(4, f.cfg.Parallel+4)))
+	pool, err := cli.OpenDB(ctx, prog, f.dbURL, f.schema, int32(max(4, f.cfg.Parallel+4)))
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	f.pool = pool
 	cleanup := pool.Close
 	cfg := f.cfg
-	cfg.Pool, cfg.Logger = pool, logger
+	cfg.DB, cfg.Schema, cfg.Logger = pool, f.schema, logger
 	retries := stripeapi.RetriesFromFlag(f.stripe.MaxRetries)
 	cfg.Stripe = stripeapi.Config{APIKey: f.stripe.APIKey, AllowUnrestrictedKey: f.stripe.AllowUnrestrictedKey, BaseURL: f.stripe.APIBase, Mode: stripeapi.Mode(f.stripe.Mode),
 		MaxNetworkRetries: retries, Timeout: f.stripe.Timeout, RateLimit: f.stripe.RateLimit}
@@ -381,11 +383,11 @@ func (c *common) store(ctx context.Context, stderr io.Writer) (*audit.Store, fun
 	if _, err := c.log.Logger(stderr); err != nil {
 		return nil, nil, err
 	}
-	pool, err := cli.OpenDB(ctx, prog, c.dbURL, 2)
+	pool, err := cli.OpenDB(ctx, prog, c.dbURL, c.schema, 2)
 	if err != nil {
 		return nil, nil, err
 	}
-	return audit.NewStore(pool), pool.Close, nil
+	return audit.NewStore(pool, c.schema), pool.Close, nil
 }
 
 func checkFilter(f audit.Filter) error {

@@ -51,7 +51,7 @@ func TestUnreachableDependenciesExit2(t *testing.T) {
 		t.Fatalf("unreachable Postgres: exit %d, %q", code, stderr)
 	}
 	_, url := testenv.DBWithURL(t)
-	code, _, stderr = call("--database-url", url, "--stripe-key", "sk_test_abcdefgh12345", "--stripe-api-base", "http://127.0.0.1:1",
+	code, _, stderr = call("--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--stripe-key", "sk_test_abcdefgh12345", "--stripe-api-base", "http://127.0.0.1:1",
 		"--stripe-retries", "0", "--from", "2026-11-01", "--to", "2026-11-02")
 	if code != 2 || !strings.Contains(stderr, "listing") || strings.Contains(stderr, "sk_test_abcdefgh12345") {
 		t.Fatalf("unreachable Stripe: exit %d, %q", code, stderr)
@@ -69,12 +69,12 @@ func TestAuditRefundResolveEndToEnd(t *testing.T) {
 	dup := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_1", Amount: 2500, Created: at.Add(time.Minute), Metadata: md}).ID
 	orphan := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_2", Amount: 900, Created: at,
 		Metadata: stripeapi.PelguardMetadata("c2", "2026-11", "k2")}).ID
-	l := ledger.New(pool, clock.NewSim(at))
+	l := ledger.New(pool, testenv.SchemaOf(pool), clock.NewSim(at))
 	if _, err := l.SeedForTest(context.Background(), []ledger.Record{{Key: ledger.Key{CustomerID: "c1", BillingPeriod: "2026-11"},
 		StripeCustomerID: "cus_1", AmountCents: 2500, IdempotencyKey: "k1", ChargeID: canon, ChargedAt: at.Add(time.Second)}}); err != nil {
 		t.Fatal(err)
 	}
-	base := []string{"--database-url", url, "--stripe-key", "sk_test_x", "--stripe-api-base", sim.URL()}
+	base := []string{"--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--stripe-key", "sk_test_x", "--stripe-api-base", sim.URL()}
 	window := []string{"--from", at.Add(-time.Hour).Format(time.RFC3339), "--to", at.Add(time.Hour).Format(time.RFC3339)}
 
 	code, out, stderr := call(append(append([]string{"run", "--json"}, base...), window...)...)
@@ -102,7 +102,7 @@ func TestAuditRefundResolveEndToEnd(t *testing.T) {
 	}
 
 	// The table lists them; the dry run refunds nothing.
-	code, out, _ = call(append([]string{"findings", "--state", "open"}, base[:2]...)...)
+	code, out, _ = call(append([]string{"findings", "--state", "open"}, base[:4]...)...)
 	if code != 0 || !strings.Contains(out, dup) || !strings.Contains(out, orphan) {
 		t.Fatalf("findings: %d %s", code, out)
 	}
@@ -124,11 +124,11 @@ func TestAuditRefundResolveEndToEnd(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "refunded") {
 		t.Fatalf("refunding a refunded finding: %d %s", code, stderr)
 	}
-	code, _, stderr = call(append([]string{"resolve", fmt.Sprint(orphanID)}, base[:2]...)...)
+	code, _, stderr = call(append([]string{"resolve", fmt.Sprint(orphanID)}, base[:4]...)...)
 	if code != 0 {
 		t.Fatalf("resolve: %d %s", code, stderr)
 	}
-	code, _, stderr = call(append([]string{"dismiss", fmt.Sprint(orphanID)}, base[:2]...)...)
+	code, _, stderr = call(append([]string{"dismiss", fmt.Sprint(orphanID)}, base[:4]...)...)
 	if code != 2 {
 		t.Fatalf("dismissing a resolved finding: %d %s", code, stderr)
 	}

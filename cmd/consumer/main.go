@@ -69,6 +69,7 @@ fixed) and Slack is told once per permission.`
 
 type flags struct {
 	redisURL, dbURL    string
+	schema             string
 	streams            cli.Streams
 	group              string
 	name, namespace    string
@@ -92,6 +93,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", description, stderr)
 	cli.RegisterRedis(fs, &f.redisURL)
 	cli.RegisterDatabase(fs, &f.dbURL)
+	cli.RegisterSchema(fs, &f.schema)
 	cli.RegisterStreams(fs, &f.streams, &f.group, "consume (one consumer per stream, each with --workers)")
 	fs.StringVar(&f.name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
 	fs.StringVar(&f.namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; give each environment its own [PELGUARD_NAMESPACE]")
@@ -142,7 +144,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
-	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(len(streams)*f.workers*2+4))
+	pool, err := cli.OpenDB(ctx, prog, f.dbURL, f.schema, int32(len(streams)*f.workers*2+4))
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
@@ -154,7 +156,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	cs := make([]*consumer.Consumer, len(streams))
 	for i, sg := range streams {
 		cs[i], err = consumer.New(consumer.Config{
-			Redis: rdb, DB: pool, Stripe: sc,
+			Redis: rdb, DB: pool, Schema: f.schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: f.name, Namespace: f.namespace,
 			Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
 			RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
@@ -237,9 +239,10 @@ func capCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"Spend caps bound what may be charged per billing period (the seed's 'vault key', e.g. 110% of\n"+
 			"the expected total). An event that would pass the cap is dead-lettered with reason spend_cap and\n"+
 			"can be replayed after the cap is raised.", stderr)
-	var dbURL, period string
+	var dbURL, schema, period string
 	var cents int64 = -1
 	cli.RegisterDatabase(fs, &dbURL)
+	cli.RegisterSchema(fs, &schema)
 	fs.StringVar(&period, "period", "", "billing period, e.g. 2026-11")
 	fs.Int64Var(&cents, "cents", -1, "cap in cents (set)")
 	if err := cli.Parse(fs, args[1:]); err != nil {
@@ -248,12 +251,12 @@ func capCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if verb == "set" && (period == "" || cents < 0) {
 		return cli.Fail(stderr, prog+" cap set", cli.Usagef("--period and a non-negative --cents are required"))
 	}
-	pool, err := cli.OpenDB(ctx, prog, dbURL, 2)
+	pool, err := cli.OpenDB(ctx, prog, dbURL, schema, 2)
 	if err != nil {
 		return cli.Fail(stderr, prog+" cap", err)
 	}
 	defer pool.Close()
-	l := ledger.New(pool, nil)
+	l := ledger.New(pool, schema, nil)
 	var caps []ledger.Cap
 	switch {
 	case verb == "set":

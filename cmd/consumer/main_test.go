@@ -51,18 +51,18 @@ func TestCapCommands(t *testing.T) {
 	t.Parallel()
 	_, url := testenv.DBWithURL(t)
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"cap", "set", "--database-url", url, "--period", "2026-11", "--cents", "1375000"}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"cap", "set", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--period", "2026-11", "--cents", "1375000"}, &out, &errb); code != 0 {
 		t.Fatalf("cap set: %d %s", code, errb.String())
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"cap", "show", "--database-url", url}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"cap", "show", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 {
 		t.Fatalf("cap show: %d %s", code, errb.String())
 	}
 	if !strings.Contains(out.String(), "2026-11") || !strings.Contains(out.String(), "13750.00") {
 		t.Fatalf("cap show output:\n%s", out.String())
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"migrate", "status", "--database-url", url}, &out, &errb); code != 0 ||
+	if code := run(context.Background(), []string{"migrate", "status", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 ||
 		strings.Contains(out.String(), "pending") || !strings.Contains(out.String(), "applied") {
 		t.Fatalf("migrate status: %d\n%s%s", code, out.String(), errb.String())
 	}
@@ -86,7 +86,7 @@ func TestBinarySIGTERM(t *testing.T) {
 	}
 	const secret = testKey
 	cmd := exec.Command(bin, "--stream", stream, "--metrics-addr", "127.0.0.1:0", "--block", "100ms", "--log-level", "debug")
-	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL,
+	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL, "PELGUARD_DB_SCHEMA="+testenv.SchemaOfURL(dbURL),
 		"STRIPE_API_KEY="+secret, "STRIPE_API_BASE="+sim.URL())
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -149,7 +149,7 @@ func TestBinaryConsumesSeveralStreams(t *testing.T) {
 	}
 	cmd := exec.Command(bin, "--stream", streams[0]+","+streams[1], "--stream", streams[2]+"="+groups[2],
 		"--metrics-addr", "", "--block", "100ms", "--workers", "2")
-	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL,
+	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+dbURL, "PELGUARD_DB_SCHEMA="+testenv.SchemaOfURL(dbURL),
 		"STRIPE_API_KEY="+testKey, "STRIPE_API_BASE="+sim.URL())
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs

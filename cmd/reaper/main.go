@@ -67,6 +67,7 @@ refused unless --allow-unrestricted-key.`
 
 type flags struct {
 	redisURL, dbURL string
+	schema          string
 	streams         cli.Streams
 	group           string
 	name, namespace string
@@ -96,6 +97,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", description, stderr)
 	cli.RegisterRedis(fs, &f.redisURL)
 	cli.RegisterDatabase(fs, &f.dbURL)
+	cli.RegisterSchema(fs, &f.schema)
 	cli.RegisterStreams(fs, &f.streams, &f.group, "reap")
 	fs.StringVar(&f.name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
 	fs.StringVar(&f.namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; must match the consumers' [PELGUARD_NAMESPACE]")
@@ -161,7 +163,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
-	pool, err := cli.OpenDB(ctx, prog, f.dbURL, int32(f.workers+f.pageWorkers*len(streams)+4))
+	pool, err := cli.OpenDB(ctx, prog, f.dbURL, f.schema, int32(f.workers+f.pageWorkers*len(streams)+4))
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
@@ -179,7 +181,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		printer = newDecisionPrinter(stdout, f.jsonOut)
 	}
 	cfg := reaper.Config{
-		Redis: rdb, DB: pool, Stripe: sc, Streams: streams,
+		Redis: rdb, DB: pool, Schema: f.schema, Stripe: sc, Streams: streams,
 		Name: f.name, MinIdle: f.minIdle, Interval: f.interval, PageSize: f.pageSize, PageWorkers: f.pageWorkers,
 		MaxDeliveries: f.maxDeliveries, Workers: f.workers, ConsumerIdle: consumerIdle, DryRun: f.dryRun,
 		Namespace: f.namespace, Lease: f.lease, SafeKeyWindow: f.safeWindow, RequireCap: f.requireCap,

@@ -76,7 +76,7 @@ func abandoned(t *testing.T) world {
 
 func (w world) args(extra ...string) []string {
 	return append([]string{"--once", "--stream", w.stream + "=" + w.group, "--min-idle", "1ms",
-		"--redis-url", testenv.RedisURL(), "--database-url", w.dbURL, "--metrics-addr", "", "--namespace", "test"}, extra...)
+		"--redis-url", testenv.RedisURL(), "--database-url", w.dbURL, "--db-schema", testenv.SchemaOfURL(w.dbURL), "--metrics-addr", "", "--namespace", "test"}, extra...)
 }
 
 func TestDryRunOncePrintsDecisionsAndChangesNothing(t *testing.T) {

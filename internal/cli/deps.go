@@ -34,6 +34,12 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 	fs.StringVar(dst, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger [DATABASE_URL]")
 }
 
+// RegisterSchema adds --db-schema, the schema of pelguard's tables.
+func RegisterSchema(fs *flag.FlagSet, dst *string) {
+	fs.StringVar(dst, "db-schema", Env("PELGUARD_DB_SCHEMA", migrations.DefaultSchema),
+		"Postgres schema of pelguard's tables; `migrate up` creates it, nothing outside it is touched [PELGUARD_DB_SCHEMA]")
+}
+
 // OpenRedis parses url and pings the server. A redis+cluster:// URL (see
 // ParseClusterURL) gives a *redis.ClusterClient, anything else a single-node
 // client.
@@ -51,29 +57,46 @@ func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 	return c, nil
 }
 
-// OpenDB opens the ledger's pool and refuses a schema with pending
-// migrations, naming the command that fixes it.
-func OpenDB(ctx context.Context, prog, url string, maxConns int32) (*pgxpool.Pool, error) {
+// OpenDB opens the ledger's pool and refuses to start on a database that
+// is not ready, naming the command that fixes it: migrations pending in
+// schema, a ledger an earlier version left in public, or a search_path in
+// the URL that names another schema. It writes nothing.
+func OpenDB(ctx context.Context, prog, url, schema string, maxConns int32) (*pgxpool.Pool, error) {
+	if err := CheckSchemaFlag(url, schema); err != nil {
+		return nil, err
+	}
 	pool, err := pg.Open(ctx, url, maxConns)
 	if err != nil {
 		return nil, err
 	}
-	m, err := migrations.New(pool, nil)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	defer m.Close()
-	pending, err := m.Pending(ctx)
+	st, err := migrations.Check(ctx, pool, schema)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
 	}
-	if pending {
+	if err := st.Err(prog); err != nil {
 		pool.Close()
-		return nil, Usagef("the ledger schema is not up to date: run `%s migrate up` first", prog)
+		return nil, Usagef("%v", err)
 	}
 	return pool, nil
+}
+
+// CheckSchemaFlag validates --db-schema and refuses a DATABASE_URL whose
+// search_path names a different schema: the two would disagree on where
+// pelguard's tables are.
+func CheckSchemaFlag(url, schema string) error {
+	if err := pg.ValidSchema(schema); err != nil {
+		return Usagef("--db-schema: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return Usagef("parsing DATABASE_URL %s: %v", redact.URL(url), redact.Error(err))
+	}
+	if sp, ok := pg.SearchPath(cfg.ConnConfig.RuntimeParams); ok && sp != schema {
+		return Usagef("DATABASE_URL sets search_path=%s but --db-schema is %s [PELGUARD_DB_SCHEMA]: "+
+			"pelguard names its schema in every statement; drop search_path from the URL or set --db-schema %s", sp, schema, sp)
+	}
+	return nil
 }
 
 // Stripe flags, shared by every binary that calls Stripe.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
@@ -12,12 +13,18 @@ import (
 
 // Migrate runs `<prog> migrate up|down|status`. It returns an exit code.
 func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) int {
-	fs := NewFlagSet(prog+" migrate", prog+" migrate up|down|status [flags]",
-		"Applies, rolls back or lists the ledger's schema migrations. Two `migrate up` at once are\n"+
-			"safe: a Postgres advisory lock makes the second wait. `down` drops the ledger and needs --yes.", stderr)
-	var dbURL string
+	fs := NewFlagSet(prog+" migrate", prog+" migrate up|down|status|move [flags]",
+		"Applies, rolls back or lists the ledger's schema migrations, in pelguard's own schema\n"+
+			"(--db-schema, default pelguard; `up` creates it). Nothing outside that schema is created,\n"+
+			"altered or dropped. Two `migrate up` at once are safe: a Postgres advisory lock makes the\n"+
+			"second wait. `down` drops pelguard's tables and needs --yes. `status` writes nothing.\n"+
+			"`move --from public` moves a ledger an earlier version made in public into --db-schema,\n"+
+			"in one transaction, after checking that the tables there are pelguard's.", stderr)
+	var dbURL, schema, from string
 	var yes bool
 	RegisterDatabase(fs, &dbURL)
+	RegisterSchema(fs, &schema)
+	fs.StringVar(&from, "from", "", "with `move`: the schema an earlier version left pelguard's tables in (public)")
 	fs.BoolVar(&yes, "yes", false, "confirm `migrate down`, which DROPS every pelguard table")
 	if len(args) == 0 {
 		fs.Usage()
@@ -27,18 +34,40 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 	if err := Parse(fs, args[1:]); err != nil {
 		return Fail(stderr, prog+" migrate", err)
 	}
-	if verb != "up" && verb != "down" && verb != "status" {
-		return Fail(stderr, prog+" migrate", Usagef("unknown migrate command %q: want up, down or status", verb))
+	if verb != "up" && verb != "down" && verb != "status" && verb != "move" {
+		return Fail(stderr, prog+" migrate", Usagef("unknown migrate command %q: want up, down, status or move", verb))
+	}
+	if verb == "move" && from == "" {
+		return Fail(stderr, prog+" migrate", Usagef("`migrate move` needs --from SCHEMA (where the earlier version put pelguard's tables, usually public)"))
+	}
+	if err := CheckSchemaFlag(dbURL, schema); err != nil {
+		return Fail(stderr, prog+" migrate", err)
 	}
 	if verb == "down" && !yes {
-		return Fail(stderr, prog+" migrate", Usagef("`migrate down` drops the ledger (billing_records, audit findings): add --yes if you mean it"))
+		return Fail(stderr, prog+" migrate", Usagef("`migrate down` drops pelguard's tables in schema %s (the ledger, audit findings): add --yes if you mean it", schema))
 	}
 	pool, err := pg.Open(ctx, dbURL, 2)
 	if err != nil {
 		return Fail(stderr, prog+" migrate", err)
 	}
 	defer pool.Close()
-	m, err := migrations.New(pool, nil)
+	if verb == "move" {
+		moved, err := migrations.MoveSchema(ctx, pool, from, schema)
+		if err != nil {
+			return Fail(stderr, prog+" migrate", redact.Error(err))
+		}
+		for _, t := range moved {
+			fmt.Fprintf(stdout, "moved %s.%s to %s.%s\n", from, t, schema, t)
+		}
+		return ExitOK
+	}
+	if verb == "up" {
+		if st, err := migrations.Check(ctx, pool, schema); err == nil && st.LegacySchema != "" {
+			// Never an empty second ledger beside the real one.
+			return Fail(stderr, prog+" migrate", Usagef("%v", st.Err(prog)))
+		}
+	}
+	m, err := migrations.New(pool, schema, nil)
 	if err != nil {
 		return Fail(stderr, prog+" migrate", err)
 	}
@@ -50,12 +79,16 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 			return Fail(stderr, prog+" migrate", redact.Error(err))
 		}
 		if len(v) == 0 {
-			fmt.Fprintln(stdout, "schema is up to date")
+			fmt.Fprintf(stdout, "schema %s is up to date\n", schema)
 		}
 		for _, n := range v {
 			fmt.Fprintf(stdout, "applied %05d\n", n)
 		}
 	case "down":
+		if st, err := migrations.Check(ctx, pool, schema); err == nil && !slices.ContainsFunc(st.Migrations, func(s migrations.Status) bool { return s.Applied }) {
+			fmt.Fprintf(stdout, "schema %s has no applied migration: nothing to roll back\n", schema)
+			return ExitOK
+		}
 		v, err := m.Down(ctx)
 		if err != nil {
 			return Fail(stderr, prog+" migrate", redact.Error(err))

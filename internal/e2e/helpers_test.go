@@ -91,6 +91,13 @@ func baseEnv(extra ...string) []string {
 		env = append(env, kv)
 	}
 	env = append(env, "HTTPS_PROXY="+deadProxy, "HTTP_PROXY="+deadProxy)
+	for _, kv := range extra {
+		// A test database URL selects its schema with search_path; the
+		// binaries name pelguard's schema themselves and must be told the same.
+		if url, ok := strings.CutPrefix(kv, "DATABASE_URL="); ok && strings.Contains(url, "search_path=") {
+			env = append(env, "PELGUARD_DB_SCHEMA="+testenv.SchemaOfURL(url))
+		}
+	}
 	return append(env, extra...)
 }
 

@@ -77,7 +77,7 @@ func (l *Ledger) ByChargeIDs(ctx context.Context, ids []string) (map[string]Reco
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM billing_records WHERE charge_id = ANY($1::text[])`, ids)
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records WHERE charge_id = ANY($1::text[])`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reading %d billing records by charge id: %w", len(ids), err)
 	}

@@ -49,13 +49,13 @@ func (l *Ledger) ReserveNew(ctx context.Context, reqs []ReserveRequest) (map[Key
 		return out, nil
 	}
 	rows, err := l.pool.Query(ctx, `
-		INSERT INTO billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
+		INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
 			first_attempt_at, stream_message_id, created_at, updated_at)
 		SELECT u.c, u.p, u.sc, u.a, u.cur, u.k, 'pending', u.o, u.exp, 1, 1, $10, u.m, $10, $10
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
 			$7::text[], $8::timestamptz[], $9::text[]) AS u(c, p, sc, a, cur, k, o, exp, m)
-		WHERE NOT EXISTS (SELECT 1 FROM spend_caps s WHERE s.billing_period = u.p)
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.spend_caps s WHERE s.billing_period = u.p)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordCols,
 		cust, per, scust, amt, cur, key, owner, exp, msg, now)
@@ -107,7 +107,7 @@ func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool,
 		cust[i], per[i], ch[i], ep[i] = c.Record.CustomerID, c.Record.BillingPeriod, c.ChargeID, c.Record.Epoch
 	}
 	rows, err := l.pool.Query(ctx, `
-		UPDATE billing_records b SET status = 'charged', charge_id = u.ch, charged_at = $5,
+		UPDATE {schema}.billing_records b SET status = 'charged', charge_id = u.ch, charged_at = $5,
 			lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, ch)
 		WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.status = 'pending'

@@ -30,7 +30,7 @@ func (l *Ledger) SetCap(ctx context.Context, period string, capCents int64) (Cap
 	}
 	var c Cap
 	err := l.pool.QueryRow(ctx, `
-		INSERT INTO spend_caps (billing_period, cap_cents, updated_at) VALUES ($1, $2, $3)
+		INSERT INTO {schema}.spend_caps (billing_period, cap_cents, updated_at) VALUES ($1, $2, $3)
 		ON CONFLICT (billing_period) DO UPDATE SET cap_cents = EXCLUDED.cap_cents, updated_at = EXCLUDED.updated_at
 		RETURNING billing_period, cap_cents, reserved_cents, updated_at`,
 		period, capCents, l.clock.Now()).Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
@@ -50,7 +50,7 @@ func (l *Ledger) SetCap(ctx context.Context, period string, capCents int64) (Cap
 func (l *Ledger) Cap(ctx context.Context, period string) (Cap, error) {
 	var c Cap
 	err := l.pool.QueryRow(ctx, `SELECT billing_period, cap_cents, reserved_cents, updated_at
-		FROM spend_caps WHERE billing_period = $1`, period).Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
+		FROM {schema}.spend_caps WHERE billing_period = $1`, period).Scan(&c.BillingPeriod, &c.CapCents, &c.ReservedCents, &c.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Cap{}, fmt.Errorf("cap for %s: %w", period, ErrNotFound)
 	}
@@ -63,7 +63,7 @@ func (l *Ledger) Cap(ctx context.Context, period string) (Cap, error) {
 // Caps lists every cap, newest period first.
 func (l *Ledger) Caps(ctx context.Context) ([]Cap, error) {
 	rows, err := l.pool.Query(ctx, `SELECT billing_period, cap_cents, reserved_cents, updated_at
-		FROM spend_caps ORDER BY billing_period DESC`)
+		FROM {schema}.spend_caps ORDER BY billing_period DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("listing caps: %w", err)
 	}

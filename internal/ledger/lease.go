@@ -98,7 +98,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	ev := req.Event
 	k := EventKey(ev)
 	rec, err := scanRecord(tx.QueryRow(ctx, `
-		INSERT INTO billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
+		INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
 			first_attempt_at, stream_message_id, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, 1, 1, $9, $10, $9, $9)
@@ -113,7 +113,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 			return Claim{}, err
 		}
 		if reserved > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE billing_records SET cap_reserved_cents = $3
+			if _, err := tx.Exec(ctx, `UPDATE {schema}.billing_records SET cap_reserved_cents = $3
 				WHERE customer_id = $1 AND billing_period = $2`, k.CustomerID, k.BillingPeriod, reserved); err != nil {
 				return Claim{}, fmt.Errorf("recording cap reservation for %s: %w", k, err)
 			}
@@ -127,7 +127,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	// The row exists (every unique index is an arbiter above, so two
 	// concurrent first deliveries cannot fail on the idempotency key's index
 	// instead of the primary key): lock it and decide.
-	rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM billing_records
+	rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 		WHERE customer_id = $1 AND billing_period = $2 FOR UPDATE`, k.CustomerID, k.BillingPeriod))
 	if err != nil {
 		return Claim{}, fmt.Errorf("locking billing record %s: %w", k, err)
@@ -149,7 +149,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	// Expired or released: take it over. The new epoch fences out whoever
 	// held it before.
 	rec, err = scanRecord(tx.QueryRow(ctx, `
-		UPDATE billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
+		UPDATE {schema}.billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
 			lease_expires_at = $4, stream_message_id = $5, updated_at = $6
 		WHERE customer_id = $1 AND billing_period = $2
 		RETURNING `+recordCols,
@@ -164,7 +164,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 // It returns the amount reserved: 0 when the period has no cap (and caps are
 // not required).
 func reserveCap(ctx context.Context, tx pgx.Tx, period string, amount int64, require bool) (int64, error) {
-	tag, err := tx.Exec(ctx, `UPDATE spend_caps SET reserved_cents = reserved_cents + $2, updated_at = now()
+	tag, err := tx.Exec(ctx, `UPDATE {schema}.spend_caps SET reserved_cents = reserved_cents + $2, updated_at = now()
 		WHERE billing_period = $1 AND reserved_cents + $2 <= cap_cents`, period, amount)
 	if err != nil {
 		return 0, fmt.Errorf("reserving spend cap for %s: %w", period, err)
@@ -173,7 +173,7 @@ func reserveCap(ctx context.Context, tx pgx.Tx, period string, amount int64, req
 		return amount, nil
 	}
 	var capCents, reserved int64
-	err = tx.QueryRow(ctx, `SELECT cap_cents, reserved_cents FROM spend_caps WHERE billing_period = $1`,
+	err = tx.QueryRow(ctx, `SELECT cap_cents, reserved_cents FROM {schema}.spend_caps WHERE billing_period = $1`,
 		period).Scan(&capCents, &reserved)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -191,7 +191,7 @@ func reserveCap(ctx context.Context, tx pgx.Tx, period string, amount int64, req
 // holder took over or the row is no longer pending: stop working on it.
 func (l *Ledger) Extend(ctx context.Context, rec Record, lease time.Duration) error {
 	now := l.clock.Now()
-	tag, err := l.pool.Exec(ctx, `UPDATE billing_records SET lease_expires_at = $5, updated_at = $6
+	tag, err := l.pool.Exec(ctx, `UPDATE {schema}.billing_records SET lease_expires_at = $5, updated_at = $6
 		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND lease_owner = $4
 		AND status = 'pending'`,
 		rec.CustomerID, rec.BillingPeriod, rec.Epoch, rec.LeaseOwner, now.Add(lease), now)
@@ -222,7 +222,7 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 			return Record{}, errors.New("ledger: a charged outcome needs a charge id")
 		}
 		r, err := scanRecord(l.pool.QueryRow(ctx, `
-			UPDATE billing_records SET status = 'charged', charge_id = $4, charged_at = $5,
+			UPDATE {schema}.billing_records SET status = 'charged', charge_id = $4, charged_at = $5,
 				lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
 			WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
 			RETURNING `+recordCols,
@@ -246,7 +246,7 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 		// The reservation belongs to the row, not to this holder: read what
 		// the row has reserved under its lock, then release exactly that.
 		var reserved int64
-		err := tx.QueryRow(ctx, `SELECT cap_reserved_cents FROM billing_records
+		err := tx.QueryRow(ctx, `SELECT cap_reserved_cents FROM {schema}.billing_records
 			WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
 			FOR UPDATE`, rec.CustomerID, rec.BillingPeriod, rec.Epoch).Scan(&reserved)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -256,7 +256,7 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 			return fmt.Errorf("locking %s: %w", rec.Key, err)
 		}
 		r, err = scanRecord(tx.QueryRow(ctx, `
-			UPDATE billing_records SET status = $3, last_error = $4, cap_reserved_cents = 0,
+			UPDATE {schema}.billing_records SET status = $3, last_error = $4, cap_reserved_cents = 0,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5
 			WHERE customer_id = $1 AND billing_period = $2
 			RETURNING `+recordCols,
@@ -265,7 +265,7 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 			return fmt.Errorf("recording %s on %s: %w", out.Status, rec.Key, err)
 		}
 		if reserved > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE spend_caps SET reserved_cents = greatest(0, reserved_cents - $2),
+			if _, err := tx.Exec(ctx, `UPDATE {schema}.spend_caps SET reserved_cents = greatest(0, reserved_cents - $2),
 				updated_at = $3 WHERE billing_period = $1`, rec.BillingPeriod, reserved, now); err != nil {
 				return fmt.Errorf("releasing spend cap for %s: %w", rec.BillingPeriod, err)
 			}
@@ -280,7 +280,7 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 // idempotency key.
 func (l *Ledger) Release(ctx context.Context, rec Record, reason string) error {
 	now := l.clock.Now()
-	tag, err := l.pool.Exec(ctx, `UPDATE billing_records SET lease_owner = NULL, lease_expires_at = NULL,
+	tag, err := l.pool.Exec(ctx, `UPDATE {schema}.billing_records SET lease_owner = NULL, lease_expires_at = NULL,
 			last_error = $4, updated_at = $5
 		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'`,
 		rec.CustomerID, rec.BillingPeriod, rec.Epoch, reason, now)
@@ -320,18 +320,18 @@ func (l *Ledger) ExtendMany(ctx context.Context, recs []Record, lease time.Durat
 		WITH u AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, o)
 		), mine AS (
-			SELECT b.customer_id, b.billing_period FROM billing_records b
+			SELECT b.customer_id, b.billing_period FROM {schema}.billing_records b
 			JOIN u ON b.customer_id = u.c AND b.billing_period = u.p
 			WHERE b.epoch = u.e AND b.lease_owner = u.o AND b.status = 'pending'
 			ORDER BY b.customer_id, b.billing_period
 			FOR UPDATE OF b SKIP LOCKED
 		), upd AS (
-			UPDATE billing_records b SET lease_expires_at = $5, updated_at = $6
+			UPDATE {schema}.billing_records b SET lease_expires_at = $5, updated_at = $6
 			FROM mine WHERE b.customer_id = mine.customer_id AND b.billing_period = mine.billing_period
 			RETURNING 1
 		)
 		SELECT u.c, u.p FROM u
-		JOIN billing_records b ON b.customer_id = u.c AND b.billing_period = u.p
+		JOIN {schema}.billing_records b ON b.customer_id = u.c AND b.billing_period = u.p
 		WHERE b.status = 'pending' AND (b.epoch <> u.e OR b.lease_owner IS DISTINCT FROM u.o)`,
 		cust, per, epochs, owners, now.Add(lease), now)
 	if err != nil {

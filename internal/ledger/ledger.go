@@ -19,6 +19,7 @@ import (
 
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 // Status is a billing record's state.
@@ -103,21 +104,29 @@ func (e *CapError) Is(target error) bool { return target == ErrSpendCap }
 
 // Ledger reads and writes billing records.
 type Ledger struct {
-	pool  *pgxpool.Pool
+	pool  pg.DB
 	clock clock.Clock
 }
 
-// New returns a Ledger over pool. A nil clock means the wall clock; leases
-// and the safe key window are measured on it.
-func New(pool *pgxpool.Pool, clk clock.Clock) *Ledger {
-	return &Ledger{pool: pool, clock: clock.Or(clk)}
+// New returns a Ledger over pool whose tables live in schema (empty:
+// pg.DefaultSchema); every statement names that schema. A nil clock means
+// the wall clock; leases and the safe key window are measured on it.
+func New(pool *pgxpool.Pool, schema string, clk clock.Clock) *Ledger {
+	return &Ledger{pool: pg.NewDB(pool, schema), clock: clock.Or(clk)}
 }
+
+// Schema is the schema that holds the ledger's tables.
+func (l *Ledger) Schema() string { return l.pool.Schema() }
+
+// DB is the schema-qualifying pool, for packages that keep tables beside
+// the ledger's (the audit tables).
+func (l *Ledger) DB() pg.DB { return l.pool }
 
 // Now is the ledger's clock.
 func (l *Ledger) Now() time.Time { return l.clock.Now() }
 
 // Pool exposes the pool for health checks.
-func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+func (l *Ledger) Pool() *pgxpool.Pool { return l.pool.Pool }
 
 const recordCols = `customer_id, billing_period, stripe_customer_id, amount_cents, currency,
 	idempotency_key, status, coalesce(charge_id, ''), coalesce(lease_owner, ''), lease_expires_at,
@@ -148,7 +157,7 @@ func scanRecord(row pgx.Row) (Record, error) {
 // Get reads one record.
 func (l *Ledger) Get(ctx context.Context, k Key) (Record, error) {
 	r, err := scanRecord(l.pool.QueryRow(ctx,
-		`SELECT `+recordCols+` FROM billing_records WHERE customer_id = $1 AND billing_period = $2`,
+		`SELECT `+recordCols+` FROM {schema}.billing_records WHERE customer_id = $1 AND billing_period = $2`,
 		k.CustomerID, k.BillingPeriod))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("%s: %w", k, ErrNotFound)
@@ -171,7 +180,7 @@ func (l *Ledger) Lookup(ctx context.Context, keys []Key) (map[Key]Record, error)
 	for i, k := range keys {
 		cust[i], per[i] = k.CustomerID, k.BillingPeriod
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM billing_records
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 		WHERE (customer_id, billing_period) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, cust, per)
 	if err != nil {
 		return nil, fmt.Errorf("looking up %d billing records: %w", len(keys), err)

@@ -22,7 +22,8 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	clk := clock.NewSim(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	return bundle{l: ledger.New(testenv.DB(t), clk), clk: clk}
+	pool := testenv.DB(t)
+	return bundle{l: ledger.New(pool, testenv.SchemaOf(pool), clk), clk: clk}
 }
 
 func ev(cust string, amount int64) event.Event {

@@ -13,7 +13,7 @@ func (l *Ledger) ByIdempotencyKeys(ctx context.Context, keys []string) (map[stri
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM billing_records
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 		WHERE idempotency_key = ANY($1::text[])`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("reading %d billing records by key: %w", len(keys), err)
@@ -32,14 +32,14 @@ func (l *Ledger) ByIdempotencyKeys(ctx context.Context, keys []string) (map[stri
 // ScanCharged streams charged rows whose charge was recorded in [from, to),
 // oldest first, without holding them all in memory.
 func (l *Ledger) ScanCharged(ctx context.Context, from, to time.Time, fn func(Record) error) error {
-	return l.scan(ctx, `SELECT `+recordCols+` FROM billing_records
+	return l.scan(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 		WHERE status = 'charged' AND charged_at >= $1 AND charged_at < $2 ORDER BY charged_at`, fn, from, to)
 }
 
 // ScanStuckPending streams pending rows nobody is working on: no lease, or a
 // lease that expired, and untouched since before olderThan.
 func (l *Ledger) ScanStuckPending(ctx context.Context, olderThan time.Time, fn func(Record) error) error {
-	return l.scan(ctx, `SELECT `+recordCols+` FROM billing_records
+	return l.scan(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 		WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < $1) AND updated_at < $1
 		ORDER BY updated_at`, fn, olderThan)
 }
@@ -64,7 +64,7 @@ func (l *Ledger) scan(ctx context.Context, sql string, fn func(Record) error, ar
 
 // Counts returns the number of rows per status.
 func (l *Ledger) Counts(ctx context.Context) (map[Status]int, error) {
-	rows, err := l.pool.Query(ctx, `SELECT status, count(*) FROM billing_records GROUP BY status`)
+	rows, err := l.pool.Query(ctx, `SELECT status, count(*) FROM {schema}.billing_records GROUP BY status`)
 	if err != nil {
 		return nil, fmt.Errorf("counting billing records: %w", err)
 	}

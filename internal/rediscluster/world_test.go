@@ -39,6 +39,7 @@ type world struct {
 	rdb     redis.UniversalClient
 	ledger  *ledger.Ledger
 	pool    *pgxpool.Pool
+	schema  string
 	sim     *stripesim.Server
 	stripe  *stripeapi.Client
 	streams []string
@@ -80,7 +81,7 @@ func newWorld(t testing.TB, rdb redis.UniversalClient, prefix string, o worldOpt
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{rdb: rdb, pool: pool, ledger: ledger.New(pool, nil), sim: sim, stripe: sc,
+	w := &world{rdb: rdb, pool: pool, schema: testenv.SchemaOfURL(url), ledger: ledger.New(pool, testenv.SchemaOfURL(url), nil), sim: sim, stripe: sc,
 		reg: prometheus.NewRegistry(), logger: warnLogger(t)}
 	for n := range o.streams {
 		s := hashTagged(prefix, n)
@@ -127,7 +128,7 @@ func (w *world) start(t testing.TB, o worldOpts, minIdle time.Duration) {
 	lease := 2 * time.Second // heartbeat every ~667 ms, below the reaper's min-idle
 	for _, s := range w.streams {
 		c, err := consumer.New(consumer.Config{
-			Redis: w.rdb, DB: w.pool, Stripe: w.stripe, Stream: s, Group: group,
+			Redis: w.rdb, DB: w.pool, Schema: w.schema, Stripe: w.stripe, Stream: s, Group: group,
 			Namespace: testNamespace, Count: o.count, Workers: o.workers, Block: 100 * time.Millisecond,
 			Lease: lease, Metrics: cm, Logger: w.logger,
 		})
@@ -144,7 +145,7 @@ func (w *world) start(t testing.TB, o worldOpts, minIdle time.Duration) {
 		sgs = append(sgs, reaper.StreamGroup{Stream: s, Group: group})
 	}
 	r, err := reaper.New(reaper.Config{
-		Redis: w.rdb, DB: w.pool, Stripe: w.stripe, Streams: sgs,
+		Redis: w.rdb, DB: w.pool, Schema: w.schema, Stripe: w.stripe, Streams: sgs,
 		MinIdle: minIdle, Interval: 250 * time.Millisecond, Lease: lease, Namespace: testNamespace,
 		Workers: 8, PageSize: 200, ConsumerIdle: -1,
 		Metrics: reaper.NewMetrics(w.reg), Logger: w.logger,

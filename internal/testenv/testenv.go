@@ -134,7 +134,8 @@ func DBWithURL(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(pool.Close)
-	m, err := migrations.New(pool, nil)
+	schemas.Store(pool, schema)
+	m, err := migrations.New(pool, schema, nil)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -171,7 +172,32 @@ func BareDB(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(pool.Close)
+	schemas.Store(pool, schema)
 	return pool, url
+}
+
+// schemas maps each pool DB and BareDB made to its test's schema.
+var schemas sync.Map
+
+// SchemaOf is the schema of a pool from DB, DBWithURL or BareDB: the value
+// a test passes as Config.Schema (pelguard names its schema in every
+// statement, so a test's search_path alone does not select it).
+func SchemaOf(pool *pgxpool.Pool) string {
+	s, ok := schemas.Load(pool)
+	if !ok {
+		panic("testenv.SchemaOf: not a pool of testenv's")
+	}
+	return s.(string)
+}
+
+// SchemaOfURL is the schema a URL from DBWithURL or BareDB selects.
+func SchemaOfURL(url string) string {
+	_, after, ok := strings.Cut(url, "search_path=")
+	if !ok {
+		panic("testenv.SchemaOfURL: not a URL of testenv's")
+	}
+	s, _, _ := strings.Cut(after, "&")
+	return s
 }
 
 // withSearchPath adds search_path to a postgres URL (pgx passes unknown
