@@ -39,7 +39,7 @@ func (o Outcome) Acked() bool {
 // Stripe is what the consumer needs of the Stripe adapter.
 type Stripe interface {
 	Charge(ctx context.Context, req stripeapi.ChargeRequest) (stripeapi.Charge, error)
-	FindCharge(ctx context.Context, stripeCustomerID string, since time.Time, idempotencyKey string) (stripeapi.Charge, bool, error)
+	FindCharge(ctx context.Context, q stripeapi.ChargeQuery) (stripeapi.Charge, bool, error)
 }
 
 // Dead-letter reasons besides event.Reason*.
@@ -156,7 +156,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	// charging again; if the lookup fails, leave it pending and say so.
 	if claimPastWindow(rec, now, p.cfg.SafeKeyWindow) {
 		start := time.Now()
-		found, ok, err := p.cfg.Stripe.FindCharge(ctx, rec.StripeCustomerID, rec.FirstAttemptAt.Add(-time.Hour), rec.IdempotencyKey)
+		found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 		if err != nil {
 			p.cfg.Notifier.Notify(alerts.StripeLookupFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
@@ -234,7 +234,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 // already made and record it, or leave the event pending and alert.
 func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, cause error, log *slog.Logger) (Outcome, error) {
 	ctx := h.ctx
-	found, ok, err := p.cfg.Stripe.FindCharge(ctx, rec.StripeCustomerID, rec.FirstAttemptAt.Add(-time.Hour), rec.IdempotencyKey)
+	found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
 	if err == nil && ok {
 		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
 			slog.String("charge_id", found.ID))
@@ -255,6 +255,30 @@ func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause e
 	if err := p.cfg.ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
+}
+
+// chargeQuery is how this key's charge is recognised at Stripe: by
+// pelguard's marker and key, and, for charges without the marker (a team's
+// old consumer, or this consumer with ChargeMetadata off), by customer,
+// amount, currency and period or description (invariant 9).
+func (p *Processor) chargeQuery(ev event.Event, rec ledger.Record) stripeapi.ChargeQuery {
+	return stripeapi.ChargeQuery{
+		StripeCustomerID: rec.StripeCustomerID, Since: lookupSince(rec), IdempotencyKey: rec.IdempotencyKey,
+		CustomerID: rec.CustomerID, BillingPeriod: rec.BillingPeriod, AmountCents: rec.AmountCents, Currency: rec.Currency,
+		Description: p.cfg.Description(ev),
+	}
+}
+
+// lookupSince is how far back a look-up lists the customer's charges: an
+// hour before pelguard's first attempt, or the start of the billing period
+// when that is earlier, since a charge made before pelguard (an old
+// consumer's, a re-published event's) can be older than pelguard's row.
+func lookupSince(rec ledger.Record) time.Time {
+	since := rec.FirstAttemptAt.Add(-time.Hour)
+	if start, err := time.Parse("2006-01", rec.BillingPeriod); err == nil && start.Before(since) {
+		return start
+	}
+	return since
 }
 
 func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) bool {

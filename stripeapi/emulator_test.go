@@ -235,14 +235,14 @@ func TestEmulatorFindChargePastIdempotencyWindow(t *testing.T) {
 	}
 	srv.Advance(25 * time.Hour)
 
-	got, found, err := c.FindCharge(t.Context(), "cus_c_1", since, req.IdempotencyKey)
+	got, found, err := c.FindCharge(t.Context(), stripeapi.ChargeQuery{StripeCustomerID: "cus_c_1", Since: since, IdempotencyKey: req.IdempotencyKey})
 	if err != nil || !found || got.ID != orig.ID {
 		t.Fatalf("FindCharge = %+v, %v, %v; want %s", got, found, err, orig.ID)
 	}
-	if _, found, err := c.FindCharge(t.Context(), "cus_c_1", since, "other-key"); err != nil || found {
+	if _, found, err := c.FindCharge(t.Context(), stripeapi.ChargeQuery{StripeCustomerID: "cus_c_1", Since: since, IdempotencyKey: "other-key"}); err != nil || found {
 		t.Fatalf("unknown key: found=%v err=%v", found, err)
 	}
-	if _, found, err := c.FindCharge(t.Context(), "cus_c_1", srv.Now().Add(-time.Hour), req.IdempotencyKey); err != nil || found {
+	if _, found, err := c.FindCharge(t.Context(), stripeapi.ChargeQuery{StripeCustomerID: "cus_c_1", Since: srv.Now().Add(-time.Hour), IdempotencyKey: req.IdempotencyKey}); err != nil || found {
 		t.Fatalf("since after the charge: found=%v err=%v", found, err)
 	}
 }
@@ -316,7 +316,7 @@ func TestEmulatorMetadataFromExpandedIntent(t *testing.T) {
 	if len(listed) != 1 || !stripeapi.IsPelguard(listed[0].Metadata) || listed[0].Metadata[stripeapi.MetaBillingPeriod] != "2026-11" {
 		t.Fatalf("listed = %+v", listed)
 	}
-	if _, found, err := c.FindCharge(t.Context(), "cus_c_m", srv.Now().Add(-time.Hour), req.IdempotencyKey); err != nil || !found {
+	if _, found, err := c.FindCharge(t.Context(), stripeapi.ChargeQuery{StripeCustomerID: "cus_c_m", Since: srv.Now().Add(-time.Hour), IdempotencyKey: req.IdempotencyKey}); err != nil || !found {
 		t.Fatalf("FindCharge via intent metadata: found=%v err=%v", found, err)
 	}
 }

@@ -2,7 +2,6 @@ package stripeapi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -203,40 +202,103 @@ func (c *Client) defaultPaymentMethod(ctx context.Context, customerID string) (s
 	return "", &Error{Kind: ErrInvalidRequest, Message: fmt.Sprintf("customer %s has no default payment method", customerID)}
 }
 
-// FindCharge looks for a succeeded pelguard charge of stripeCustomerID
-// created at or after since whose metadata carries idempotencyKey. It is how
-// a takeover past Stripe's 24 h idempotency window decides whether the first
-// attempt charged. found=false with a nil error means "looked, not there";
-// any error means "could not tell": never charge on an error.
-func (c *Client) FindCharge(ctx context.Context, stripeCustomerID string, since time.Time, idempotencyKey string) (Charge, bool, error) {
-	if stripeCustomerID == "" || idempotencyKey == "" {
+// ChargeQuery names the charge of one ledger key at one Stripe customer,
+// for FindCharge.
+type ChargeQuery struct {
+	// StripeCustomerID and IdempotencyKey are required; charges created
+	// before Since are not looked at.
+	StripeCustomerID string
+	Since            time.Time
+	IdempotencyKey   string
+
+	// The key's business identity, to match charges that carry no
+	// pelguard marker (invariant 9): a team's old consumer's, or pelguard's
+	// own made with its metadata off. An unmarked succeeded charge of the
+	// customer matches when its amount and currency are these and its
+	// billing period is BillingPeriod (metadata billing_period, and
+	// customer_id when present) or its description is Description. Leave
+	// AmountCents 0 to match marked charges only.
+	CustomerID    string
+	BillingPeriod string
+	AmountCents   int64
+	Currency      string
+	Description   string
+	// ChargeIDs are charge or payment intent ids the ledger records for
+	// the key: a charge with one of them matches whatever its metadata.
+	ChargeIDs []string
+}
+
+// Matches reports whether ch is a charge of q's key (any status).
+func (q ChargeQuery) Matches(ch Charge) bool {
+	if ch.StripeCustomerID != "" && ch.StripeCustomerID != q.StripeCustomerID {
+		return false
+	}
+	for _, id := range q.ChargeIDs {
+		if id != "" && (ch.ID == id || ch.PaymentIntentID == id) {
+			return true
+		}
+	}
+	if IsPelguard(ch.Metadata) {
+		return ch.Metadata[MetaIdempotencyKey] == q.IdempotencyKey
+	}
+	if q.AmountCents <= 0 || ch.AmountCents != q.AmountCents || !strings.EqualFold(ch.Currency, q.Currency) {
+		return false
+	}
+	if p := ch.Metadata[MetaBillingPeriod]; p != "" {
+		c := ch.Metadata[MetaCustomerID]
+		return p == q.BillingPeriod && (c == "" || c == q.CustomerID)
+	}
+	return q.Description != "" && ch.Description == q.Description
+}
+
+// FindCharge looks for the succeeded charge of q's key created at or after
+// q.Since: pelguard's marked charges by their idempotency key, and charges
+// without the marker by q's business identity (see ChargeQuery). It is how a
+// takeover past Stripe's 24 h idempotency window, an idempotency_error, or
+// the first charge of a period with imported history decides whether the
+// key was already charged. Of several matches it returns the canonical
+// one: the earliest that still holds money, else the earliest (a refunded
+// charge still shows the key was charged). found=false with a nil error
+// means "looked, not there"; any error means "could not tell": never charge
+// on an error.
+func (c *Client) FindCharge(ctx context.Context, q ChargeQuery) (Charge, bool, error) {
+	if q.StripeCustomerID == "" || q.IdempotencyKey == "" {
 		err := &Error{Kind: ErrInvalidRequest, Message: "find charge: customer and idempotency key are required"}
 		return Charge{}, false, err
 	}
-	var (
-		found Charge
-		ok    bool
-	)
-	errStop := errors.New("found")
+	var matches []Charge
 	err := c.call(ctx, "find_charge", func(ctx context.Context) error {
-		p := &stripe.ChargeListParams{Customer: stripe.String(stripeCustomerID)}
-		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}
+		matches = matches[:0]
+		p := &stripe.ChargeListParams{Customer: stripe.String(q.StripeCustomerID)}
+		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: q.Since.Unix()}
 		return c.listCharges(ctx, p, func(ch Charge) (bool, error) {
-			if ch.Status == string(stripe.ChargeStatusSucceeded) && IsPelguard(ch.Metadata) &&
-				ch.Metadata[MetaIdempotencyKey] == idempotencyKey {
-				found, ok = ch, true
-				return true, nil
+			if ch.Status == string(stripe.ChargeStatusSucceeded) && q.Matches(ch) {
+				matches = append(matches, ch)
 			}
 			return false, nil
 		})
 	})
-	if errors.Is(err, errStop) {
-		err = nil
-	}
 	if err != nil {
-		return Charge{}, false, fmt.Errorf("finding charge of %s since %s: %w", stripeCustomerID, since.UTC().Format(time.RFC3339), err)
+		return Charge{}, false, fmt.Errorf("finding charge of %s since %s: %w", q.StripeCustomerID, q.Since.UTC().Format(time.RFC3339), err)
 	}
-	return found, ok, nil
+	best, ok := Canonical(matches)
+	return best, ok, nil
+}
+
+// Canonical is the one canonical rule for charges of one key when the
+// ledger names none: the earliest that still holds money (net of refunds),
+// else the earliest. ok is false for no charges.
+func Canonical(chs []Charge) (Charge, bool) {
+	var best Charge
+	found, holds := false, false
+	for _, ch := range chs {
+		h := ch.AmountCents-ch.AmountRefundedCents > 0
+		switch {
+		case !found, h && !holds, h == holds && (ch.Created.Before(best.Created) || ch.Created.Equal(best.Created) && ch.ID < best.ID):
+			best, found, holds = ch, true, h
+		}
+	}
+	return best, found
 }
 
 // ListCharges streams every charge created in [from, to), newest first as

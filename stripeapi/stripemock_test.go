@@ -87,7 +87,7 @@ func TestStripeMockConformance(t *testing.T) {
 		t.Parallel()
 		// stripe-mock's fixtures carry no pelguard metadata: the point is that
 		// the list request (customer, created[gte], limit, expand) is accepted.
-		_, _, err := newClient(t, "", false).FindCharge(ctx, "cus_mock", time.Now().Add(-48*time.Hour), "3f1c2a9b8d7e6f5a4b3c2d1e0f9a8b7c")
+		_, _, err := newClient(t, "", false).FindCharge(ctx, stripeapi.ChargeQuery{StripeCustomerID: "cus_mock", Since: time.Now().Add(-48 * time.Hour), IdempotencyKey: "3f1c2a9b8d7e6f5a4b3c2d1e0f9a8b7c", AmountCents: 100, Currency: "usd", Description: "Usage billing for 2026-11"})
 		if err != nil {
 			t.Fatalf("FindCharge rejected by stripe-mock: %v", err)
 		}
