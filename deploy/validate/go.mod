@@ -3,6 +3,7 @@ module github.com/pelguard/pelguard/deploy/validate
 go 1.26.0
 
 require (
+	github.com/moby/patternmatcher v0.6.1
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
