@@ -200,6 +200,28 @@ func TestDockerfileBuildCommand(t *testing.T) {
 	}
 }
 
+// `make install` puts the same three static binaries, under the same names,
+// into $(PREFIX)/bin.
+func TestMakeInstall(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: builds three binaries")
+	}
+	prefix := t.TempDir()
+	if out, err := exec.Command("make", "-C", repoRoot, "install", "PREFIX="+prefix, "VERSION=0.0.0-validate").CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	entries, _ := os.ReadDir(filepath.Join(prefix, "bin"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		checkStatic(t, filepath.Join(prefix, "bin", e.Name()))
+	}
+	if !slices.Equal(names, imageBinaries) {
+		t.Errorf("make install made %v, want %v", names, imageBinaries)
+	}
+}
+
 // checkStatic fails unless p is an ELF executable without a dynamic loader.
 func checkStatic(t *testing.T, p string) {
 	t.Helper()
