@@ -34,14 +34,14 @@ tools: ## Install stripe-mock (Stripe's official request-shape checker) if missi
 build: ## Build every binary into bin/
 	$(GO) build -o bin/ ./cmd/...
 
-install: ## Build static binaries into $(DESTDIR)$(PREFIX)/bin as pelguard-consumer, -reaper, -auditor
+install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor
 	@mkdir -p "$(DESTDIR)$(PREFIX)/bin"
 	@for b in $(ROLES); do \
 		echo "installing $(DESTDIR)$(PREFIX)/bin/pelguard-$$b"; \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o "$(DESTDIR)$(PREFIX)/bin/pelguard-$$b" ./cmd/$$b || exit 1; \
 	done
 
-image: ## Build the image $(IMAGE):$(VERSION) with docker, podman or buildah (none: a hint; fails if REQUIRE_BUILDER=1 or CI=true)
+image: ## Build ghcr.io/pelguard/pelguard:$VERSION with docker, podman or buildah (none: a hint; fails if REQUIRE_BUILDER=1 or CI=true)
 	@if docker info >/dev/null 2>&1; then set -x; DOCKER_BUILDKIT=1 docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
 	elif command -v podman >/dev/null; then set -x; podman build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
 	elif command -v buildah >/dev/null; then set -x; buildah build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
@@ -66,6 +66,7 @@ fuzz: ## Fuzz the event parser for a minute
 
 lint: ## go vet, gofmt check, staticcheck when it installs
 	$(GO) vet $(PKGS)
+	cd deploy/validate && $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi
