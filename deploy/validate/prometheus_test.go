@@ -88,7 +88,6 @@ var jobLabel = regexp.MustCompile(`\bjob\b`)
 func TestPromtoolCheckRules(t *testing.T) {
 	t.Parallel()
 	rules, _ := ruleFiles(t)
-	promtool(t, append([]string{"check", "rules"}, rules...)...)
 	for _, f := range rules {
 		var rf ruleFile
 		readYAML(t, f, &rf)
@@ -100,6 +99,7 @@ func TestPromtoolCheckRules(t *testing.T) {
 			}
 		}
 	}
+	promtool(t, append([]string{"check", "rules"}, rules...)...)
 }
 
 // promtool test rules passes, the tests load every rule file, and every
@@ -107,7 +107,6 @@ func TestPromtoolCheckRules(t *testing.T) {
 func TestPromtoolTestRules(t *testing.T) {
 	t.Parallel()
 	rules, tests := ruleFiles(t)
-	promtool(t, append([]string{"test", "rules"}, tests...)...)
 	fires := map[string]bool{}
 	loaded := map[string]bool{}
 	for _, f := range tests {
@@ -138,6 +137,7 @@ func TestPromtoolTestRules(t *testing.T) {
 			}
 		}
 	}
+	promtool(t, append([]string{"test", "rules"}, tests...)...)
 }
 
 type panel struct {
