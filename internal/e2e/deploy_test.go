@@ -166,10 +166,10 @@ func TestDashboardMetricsExist(t *testing.T) {
 			}
 		}
 	}
-	// Same naming on every binary: pelguard_<binary>_ or pelguard_alerts_
-	// (the reaper re-drives through the consumer's code and exports its
-	// series as well).
-	allowed := map[string][]string{"consumer": {"consumer", "alerts"}, "reaper": {"reaper", "consumer", "alerts"}, "auditor": {"auditor", "alerts"}}
+	// Same naming on every binary: pelguard_<binary>_, pelguard_alerts_ or
+	// pelguard_build_info (the reaper re-drives through the consumer's code
+	// and exports its series as well).
+	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"}, "auditor": {"auditor", "alerts", "build"}}
 	series := regexp.MustCompile(`(?m)^(pelguard_[a-z]+)_`)
 	for bin, body := range scrape {
 		for _, m := range series.FindAllStringSubmatch(body, -1) {

@@ -23,13 +23,18 @@ func helpFlags(t *testing.T, bin string, sub []string) map[string]bool {
 	return flags
 }
 
-// checkCommand checks that every --flag of a command line exists on the
-// binary (asking the subcommand's own --help).
+// installedName is the name `make install` and the image give the binary
+// that `go build ./cmd/<bin>` names bin.
+func installedName(bin string) string { return "pelguard-" + bin }
+
+// checkCommand checks that argv[0] is an installed pelguard binary under
+// /usr/local/bin and that every --flag of the command line exists on it
+// (asking the subcommand's own --help).
 func checkCommand(t *testing.T, where string, argv []string) {
 	t.Helper()
-	bin := filepath.Base(argv[0])
-	if _, ok := bins[bin]; !ok {
-		t.Errorf("%s: unknown binary %q", where, argv[0])
+	bin, ok := strings.CutPrefix(filepath.Base(argv[0]), "pelguard-")
+	if _, known := bins[bin]; !ok || !known || argv[0] != "/usr/local/bin/"+installedName(bin) {
+		t.Errorf("%s: %q is not /usr/local/bin/pelguard-{consumer,reaper,auditor}", where, argv[0])
 		return
 	}
 	var sub []string

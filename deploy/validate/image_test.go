@@ -1,0 +1,332 @@
+package validate
+
+import (
+	"bufio"
+	"debug/elf"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moby/patternmatcher"
+	"github.com/moby/patternmatcher/ignorefile"
+)
+
+const repoRoot = "../.."
+
+// imageBinaries are the files the image has in /usr/local/bin.
+var imageBinaries = []string{"pelguard-auditor", "pelguard-consumer", "pelguard-reaper"}
+
+type instruction struct {
+	cmd  string // upper case: FROM, RUN, …
+	args string
+}
+
+// dockerfile returns the Dockerfile's instructions, continuation lines
+// joined and comments dropped, split into stages at each FROM.
+func dockerfile(t *testing.T) [][]instruction {
+	t.Helper()
+	f, err := os.Open(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var stages [][]instruction
+	var global []instruction
+	sc := bufio.NewScanner(f)
+	cur := ""
+	flush := func() {
+		cmd, args, _ := strings.Cut(strings.TrimSpace(cur), " ")
+		cur = ""
+		if cmd == "" {
+			return
+		}
+		in := instruction{strings.ToUpper(cmd), strings.TrimSpace(args)}
+		switch {
+		case in.cmd == "FROM":
+			stages = append(stages, []instruction{in})
+		case len(stages) == 0:
+			global = append(global, in)
+		default:
+			stages[len(stages)-1] = append(stages[len(stages)-1], in)
+		}
+	}
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if more, ok := strings.CutSuffix(line, `\`); ok {
+			cur += more + " "
+			continue
+		}
+		cur += line
+		flush()
+	}
+	if len(stages) < 2 {
+		t.Fatalf("Dockerfile: %d stages, want a builder and a final stage", len(stages))
+	}
+	stages[0] = append(global, stages[0]...)
+	return stages
+}
+
+// The image is built as the issue asks: Go from go.mod's version, static
+// (CGO_ENABLED=0), -trimpath, the version stamped by -ldflags -X, a minimal
+// final stage (distroless static or scratch) running as a numeric non-root
+// user, without the build context's .git.
+func TestDockerfile(t *testing.T) {
+	t.Parallel()
+	stages := dockerfile(t)
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+	var args []string
+	for _, in := range stages[0] {
+		if in.cmd == "ARG" {
+			args = append(args, in.args)
+		}
+	}
+	if goVersion == nil || !slices.Contains(args, "GO_VERSION="+string(goVersion[1])) {
+		t.Errorf("Dockerfile ARG GO_VERSION must be go.mod's %s; ARGs %v", goVersion, args)
+	}
+	build := buildCommand(t, stages[0])
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X github.com/pelguard/pelguard/internal/version.Version=${VERSION}"} {
+		if !strings.Contains(build, want) {
+			t.Errorf("Dockerfile build command lacks %s: %s", want, build)
+		}
+	}
+	final := stages[len(stages)-1]
+	base := strings.Fields(final[0].args)[0]
+	if !strings.HasPrefix(base, "gcr.io/distroless/static") && base != "scratch" {
+		t.Errorf("final stage FROM %s, want gcr.io/distroless/static… or scratch", base)
+	}
+	user := ""
+	for _, in := range final {
+		if in.cmd == "USER" {
+			user = in.args
+		}
+	}
+	if !regexp.MustCompile(`^[1-9][0-9]*(:[1-9][0-9]*)?$`).MatchString(user) {
+		t.Errorf("final stage USER %q, want a numeric non-root uid (runAsNonRoot cannot check a name)", user)
+	}
+	ignore := dockerignore(t)
+	if ok, _ := ignore.MatchesOrParentMatches(".git"); !ok {
+		t.Error(".dockerignore must exclude .git")
+	}
+}
+
+// buildCommand is the builder stage's RUN that runs go build, without its
+// --mount options.
+func buildCommand(t *testing.T, stage []instruction) string {
+	t.Helper()
+	for _, in := range stage {
+		if in.cmd == "RUN" && strings.Contains(in.args, "go build") {
+			cmd := in.args
+			for strings.HasPrefix(cmd, "--") {
+				_, cmd, _ = strings.Cut(cmd, " ")
+				cmd = strings.TrimSpace(cmd)
+			}
+			return cmd
+		}
+	}
+	t.Fatal("Dockerfile: no RUN with go build in the first stage")
+	return ""
+}
+
+func dockerignore(t *testing.T) *patternmatcher.PatternMatcher {
+	t.Helper()
+	f, err := os.Open(filepath.Join(repoRoot, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	patterns, err := ignorefile.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := patternmatcher.New(patterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pm
+}
+
+// Where no container builder runs, the Dockerfile's own build command runs
+// on the build context .dockerignore leaves: it must build the three
+// binaries, static, under their pelguard- names, from that context alone.
+func TestDockerfileBuildCommand(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: builds three binaries")
+	}
+	ctxDir, out := t.TempDir(), t.TempDir()
+	copyContext(t, dockerignore(t), ctxDir)
+	cmd := buildCommand(t, dockerfile(t)[0])
+	// The builder writes to /out/ in its own filesystem; here, to a temp dir.
+	cmd = strings.ReplaceAll(cmd, "/out/", out+"/")
+	sh := exec.Command("sh", "-ec", cmd)
+	sh.Dir = ctxDir
+	sh.Env = append(os.Environ(), "TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION=0.0.0-validate")
+	if b, err := sh.CombinedOutput(); err != nil {
+		t.Fatalf("the Dockerfile's build command on its context: %v\n%s\n%s", err, cmd, b)
+	}
+	entries, _ := os.ReadDir(out)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, imageBinaries) {
+		t.Fatalf("the build makes %v, want %v", names, imageBinaries)
+	}
+	for _, n := range names {
+		p := filepath.Join(out, n)
+		checkStatic(t, p)
+		if b, err := exec.Command(p, "--help").CombinedOutput(); err != nil {
+			t.Errorf("%s --help: %v\n%s", n, err, b)
+		}
+		// --version arrives with internal/version; until then, say so.
+		if b, err := exec.Command(p, "--version").CombinedOutput(); err != nil {
+			t.Logf("%s --version: %v (no version flag yet?)", n, err)
+		} else if !strings.Contains(string(b), "0.0.0-validate") {
+			t.Errorf("%s --version does not print the -ldflags version: %s", n, b)
+		}
+	}
+}
+
+// `make install` puts the same three static binaries, under the same names,
+// into $(PREFIX)/bin.
+func TestMakeInstall(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: builds three binaries")
+	}
+	prefix := t.TempDir()
+	if out, err := exec.Command("make", "-C", repoRoot, "install", "PREFIX="+prefix, "VERSION=0.0.0-validate").CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	entries, _ := os.ReadDir(filepath.Join(prefix, "bin"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		checkStatic(t, filepath.Join(prefix, "bin", e.Name()))
+	}
+	if !slices.Equal(names, imageBinaries) {
+		t.Errorf("make install made %v, want %v", names, imageBinaries)
+	}
+}
+
+// checkStatic fails unless p is an ELF executable without a dynamic loader.
+func checkStatic(t *testing.T, p string) {
+	t.Helper()
+	f, err := elf.Open(p)
+	if err != nil {
+		t.Fatalf("%s: %v", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			t.Errorf("%s is dynamically linked", p)
+		}
+	}
+}
+
+// copyContext copies the repository minus what .dockerignore excludes.
+func copyContext(t *testing.T, ignore *patternmatcher.PatternMatcher, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(repoRoot, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(repoRoot, p)
+		if rel == "." {
+			return nil
+		}
+		if skip, err := ignore.MatchesOrParentMatches(filepath.ToSlash(rel)); err != nil || skip {
+			if d.IsDir() && !ignore.Exclusions() {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		return copyFile(p, target)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	info, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, info.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// builder is the container builder `make image` would use, or "".
+func builder() string {
+	if exec.Command("docker", "info").Run() == nil {
+		return "docker"
+	}
+	for _, b := range []string{"podman", "buildah"} {
+		if _, err := exec.LookPath(b); err == nil {
+			return b
+		}
+	}
+	return ""
+}
+
+// Where docker, podman or buildah works, `make image` builds the image, and
+// (docker, podman) it runs each binary as a non-root user.
+func TestImageBuild(t *testing.T) {
+	t.Parallel()
+	b := builder()
+	if b == "" {
+		t.Skip("no container builder here (no Docker engine answering `docker info`, no podman, no buildah): " +
+			"the image build is not tested; TestDockerfileBuildCommand ran its build command instead")
+	}
+	const image, tag = "pelguard-validate", "test"
+	make := exec.Command("make", "-C", repoRoot, "image", "IMAGE="+image, "VERSION="+tag, "REQUIRE_BUILDER=1")
+	if out, err := make.CombinedOutput(); err != nil {
+		t.Fatalf("make image: %v\n%s", err, out)
+	}
+	if b == "buildah" {
+		return
+	}
+	t.Cleanup(func() { _ = exec.Command(b, "rmi", image+":"+tag).Run() })
+	user, err := exec.Command(b, "image", "inspect", "-f", "{{.Config.User}}", image+":"+tag).Output()
+	if err != nil || strings.TrimSpace(string(user)) != "65532:65532" {
+		t.Errorf("image user %q (%v), want 65532:65532", user, err)
+	}
+	for _, bin := range imageBinaries {
+		if out, err := exec.Command(b, "run", "--rm", image+":"+tag, bin, "--help").CombinedOutput(); err != nil {
+			t.Errorf("%s run %s --help: %v\n%s", b, bin, err, out)
+		}
+	}
+}
