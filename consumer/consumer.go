@@ -80,6 +80,15 @@ type Config struct {
 	// Description is the Stripe charge description; default the seed's
 	// "Usage billing for <period>".
 	Description func(event.Event) string
+	// OmitChargeMetadata sends charges without pelguard's metadata, in the
+	// request shape of the article's consumer, so that Stripe accepts a
+	// charge under a key the team's old consumer already used within 24 h
+	// (it answers idempotency_error to the same key with other parameters)
+	// and returns the team's charge. Use it with the Charges API
+	// (stripeapi.ModeCharges) and the team's Namespace. pelguard still finds
+	// such charges: by the charge id its ledger records, and by customer,
+	// amount, currency and description in its look-ups.
+	OmitChargeMetadata bool
 
 	Notifier    alerts.Notifier              // default: log-only
 	DeadLetters *alerts.DeadLetterAggregator // optional: dead-letter alerts per interval

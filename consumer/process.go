@@ -152,9 +152,15 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	ctx := h.ctx
 	now := p.cfg.Clock.Now()
 
-	// Past the safe window Stripe may have forgotten the key: look before
-	// charging again; if the lookup fails, leave it pending and say so.
-	if claimPastWindow(rec, now, p.cfg.SafeKeyWindow) {
+	// Past the safe window Stripe may have forgotten the key, and in a
+	// period with imported history a charge may exist that pelguard did not
+	// make: look before charging; if the lookup fails, leave it pending and
+	// say so.
+	imported, err := p.cfg.ledger.HasImportedHistory(ctx, rec.BillingPeriod)
+	if err != nil {
+		return p.release(ctx, rec, OutcomeRetryLater, err)
+	}
+	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) {
 		start := time.Now()
 		found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
@@ -182,14 +188,18 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	}
 
 	start := time.Now()
-	ch, err := p.cfg.Stripe.Charge(ctx, stripeapi.ChargeRequest{
+	req := stripeapi.ChargeRequest{
 		IdempotencyKey:   rec.IdempotencyKey,
 		StripeCustomerID: rec.StripeCustomerID,
 		AmountCents:      rec.AmountCents,
 		Currency:         rec.Currency,
 		Description:      p.cfg.Description(ev),
 		Metadata:         stripeapi.PelguardMetadata(rec.CustomerID, rec.BillingPeriod, rec.IdempotencyKey),
-	})
+	}
+	if p.cfg.OmitChargeMetadata {
+		req.Metadata = nil
+	}
+	ch, err := p.cfg.Stripe.Charge(ctx, req)
 	p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 	if p.cfg.Test.AfterStripeReply != nil {
 		p.cfg.Test.AfterStripeReply()

@@ -113,6 +113,8 @@ type Config struct {
 	SafeKeyWindow time.Duration
 	RequireCap    bool
 	Rules         event.Rules
+	// OmitChargeMetadata: see consumer.Config; it must match the consumers'.
+	OmitChargeMetadata bool
 
 	// OnDecision, if set, is called for every decision, from the pass's
 	// goroutine and from re-drive goroutines: it must be safe for concurrent
@@ -242,7 +244,7 @@ func New(cfg Config) (*Reaper, error) {
 				Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Stripe: cfg.Stripe,
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
-				RequireCap: cfg.RequireCap, Rules: cfg.Rules,
+				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 			})
 			if err != nil {

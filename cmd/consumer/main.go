@@ -78,6 +78,7 @@ type flags struct {
 	workers            int
 	lease, safeWindow  time.Duration
 	requireCap         bool
+	chargeMetadata     bool
 	maxAmount          int64
 	strictFields       bool
 	shutdownTimeout    time.Duration
@@ -102,6 +103,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.IntVar(&f.workers, "workers", consumer.DefaultWorkers, "events handled at once")
 	fs.DurationVar(&f.lease, "lease", consumer.DefaultLease, "ledger lease; the heartbeat renews it every lease/3")
 	fs.DurationVar(&f.safeWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
+	fs.BoolVar(&f.chargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
 	fs.BoolVar(&f.requireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
 	fs.Int64Var(&f.maxAmount, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
 	fs.BoolVar(&f.strictFields, "strict-fields", false, "reject events with fields other than the five known ones")
@@ -159,7 +161,7 @@ func runConsumer(ctx context.Context, args []string, stderr io.Writer) int {
 			Redis: rdb, DB: pool, Schema: f.schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: f.name, Namespace: f.namespace,
 			Count: f.count, Block: f.block, Workers: f.workers, Lease: f.lease, SafeKeyWindow: f.safeWindow,
-			RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
+			RequireCap: f.requireCap, Rules: event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields}, OmitChargeMetadata: !f.chargeMetadata,
 			Notifier: notifier, DeadLetters: dl, Metrics: metrics, Logger: logger,
 		})
 		if err != nil {

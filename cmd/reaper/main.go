@@ -81,6 +81,7 @@ type flags struct {
 	lease           time.Duration
 	safeWindow      time.Duration
 	requireCap      bool
+	chargeMetadata  bool
 	maxAmount       int64
 	strictFields    bool
 	dryRun, once    bool
@@ -110,6 +111,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.DurationVar(&f.consumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending (0: never)")
 	fs.DurationVar(&f.lease, "lease", consumer.DefaultLease, "ledger lease of a re-drive; renewed every lease/3")
 	fs.DurationVar(&f.safeWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
+	fs.BoolVar(&f.chargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
 	fs.BoolVar(&f.requireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
 	fs.Int64Var(&f.maxAmount, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
 	fs.BoolVar(&f.strictFields, "strict-fields", false, "reject events with fields other than the five known ones")
@@ -184,7 +186,7 @@ func runReaper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		Redis: rdb, DB: pool, Schema: f.schema, Stripe: sc, Streams: streams,
 		Name: f.name, MinIdle: f.minIdle, Interval: f.interval, PageSize: f.pageSize, PageWorkers: f.pageWorkers,
 		MaxDeliveries: f.maxDeliveries, Workers: f.workers, ConsumerIdle: consumerIdle, DryRun: f.dryRun,
-		Namespace: f.namespace, Lease: f.lease, SafeKeyWindow: f.safeWindow, RequireCap: f.requireCap,
+		Namespace: f.namespace, Lease: f.lease, SafeKeyWindow: f.safeWindow, RequireCap: f.requireCap, OmitChargeMetadata: !f.chargeMetadata,
 		Rules:    event.Rules{MaxAmountCents: f.maxAmount, StrictFields: f.strictFields},
 		Notifier: notifier, Metrics: reaper.NewMetrics(reg), ConsumerMetrics: consumer.NewMetrics(reg), Logger: logger,
 	}

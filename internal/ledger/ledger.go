@@ -104,8 +104,9 @@ func (e *CapError) Is(target error) bool { return target == ErrSpendCap }
 
 // Ledger reads and writes billing records.
 type Ledger struct {
-	pool  pg.DB
-	clock clock.Clock
+	pool     pg.DB
+	clock    clock.Clock
+	imported importedCache
 }
 
 // New returns a Ledger over pool whose tables live in schema (empty:
