@@ -2,7 +2,9 @@ package stripeapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -402,4 +404,37 @@ func toCharge(ch *stripe.Charge) Charge {
 		}
 	}
 	return out
+}
+
+// ErrNoSuchCharge is GetCharge's answer for a charge id Stripe does not
+// have (404 resource_missing): a team's table naming a charge of another
+// account, a test-mode id, or a typo.
+var ErrNoSuchCharge = errors.New("stripe: no such charge")
+
+// GetCharge reads one charge, with its intent's metadata when the charge
+// has none. A GET: safe to repeat.
+func (c *Client) GetCharge(ctx context.Context, id string) (Charge, error) {
+	if id == "" {
+		return Charge{}, &Error{Kind: ErrInvalidRequest, Message: "get charge: id is required"}
+	}
+	var out Charge
+	err := c.call(ctx, "get_charge", func(ctx context.Context) error {
+		p := &stripe.ChargeParams{}
+		p.Context = ctx
+		p.AddExpand("payment_intent")
+		ch, err := c.api.Charges.Get(id, p)
+		if err != nil {
+			var se *stripe.Error
+			if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound {
+				return &Error{Kind: ErrInvalidRequest, HTTPStatus: http.StatusNotFound, Message: "no such charge", Err: ErrNoSuchCharge}
+			}
+			return err
+		}
+		out = toCharge(ch)
+		return nil
+	})
+	if err != nil {
+		return Charge{}, fmt.Errorf("reading charge %s: %w", id, err)
+	}
+	return out, nil
 }

@@ -47,3 +47,64 @@ func (l *Ledger) HasImportedHistory(ctx context.Context, period string) (bool, e
 	}
 	return c.periods[period], nil
 }
+
+// ImportResult is what Import did with one record.
+type ImportResult struct {
+	Key Key
+	// Inserted: the row is new. Otherwise Existing is the row the ledger
+	// already had, which Import never changes.
+	Inserted bool
+	Existing Record
+}
+
+// Import records what a team billed before pelguard: terminal rows
+// (charged with the real charge id, or declined), no lease, epoch 1,
+// attempts 0 (pelguard made no attempt). A key the ledger already has is
+// left as it is and returned as Existing, so a rerun changes nothing.
+func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, error) {
+	out := make([]ImportResult, 0, len(recs))
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	now := l.clock.Now()
+	for _, r := range recs {
+		if r.Status != StatusCharged && r.Status != StatusDeclined {
+			return nil, fmt.Errorf("importing %s: status %q (want charged or declined)", r.Key, r.Status)
+		}
+		var chargeID *string
+		var chargedAt *time.Time
+		if r.Status == StatusCharged {
+			chargeID, chargedAt = &r.ChargeID, &r.ChargedAt
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
+				currency, idempotency_key, status, charge_id, charged_at, epoch, attempts, first_attempt_at,
+				last_error, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, 0, $10, nullif($11, ''), $12, $12)
+			ON CONFLICT DO NOTHING`,
+			r.CustomerID, r.BillingPeriod, r.StripeCustomerID, r.AmountCents, r.Currency, r.IdempotencyKey,
+			string(r.Status), chargeID, chargedAt, r.FirstAttemptAt, r.LastError, now)
+		if err != nil {
+			return nil, fmt.Errorf("importing %s: %w", r.Key, err)
+		}
+		res := ImportResult{Key: r.Key, Inserted: tag.RowsAffected() == 1}
+		if !res.Inserted {
+			// The key, its idempotency key or its charge id is taken.
+			existing, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
+				WHERE (customer_id = $1 AND billing_period = $2) OR idempotency_key = $3 OR charge_id = $4
+				ORDER BY (customer_id = $1 AND billing_period = $2) DESC LIMIT 1`,
+				r.CustomerID, r.BillingPeriod, r.IdempotencyKey, chargeID))
+			if err != nil {
+				return nil, fmt.Errorf("reading the ledger row that blocks importing %s: %w", r.Key, err)
+			}
+			res.Existing = existing
+		}
+		out = append(out, res)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

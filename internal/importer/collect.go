@@ -1,0 +1,187 @@
+package importer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+// collect reads the team's rows, the events and Stripe's charges into keys.
+func (r *run) collect(ctx context.Context) error {
+	rows, err := r.teamRows(ctx)
+	if err != nil {
+		return err
+	}
+	r.sum.TeamRows = len(rows)
+	r.progress("read %d rows of the team's table", len(rows))
+
+	// Stripe customer → the team's customer ids, from the events and (below)
+	// from the charges the team's table names.
+	owners := map[string]map[string]bool{}
+	own := func(stripeCustomer, customer string) {
+		if owners[stripeCustomer] == nil {
+			owners[stripeCustomer] = map[string]bool{}
+		}
+		owners[stripeCustomer][customer] = true
+	}
+	for i := range r.cfg.Events {
+		ev := &r.cfg.Events[i]
+		if r.cfg.Period != "" && ev.BillingPeriod != r.cfg.Period {
+			continue
+		}
+		r.get(ledger.EventKey(*ev)).event = ev
+		own(ev.StripeCustomerID, ev.CustomerID)
+	}
+
+	for i := range rows {
+		row := &rows[i]
+		k := ledger.Key{CustomerID: row.CustomerID, BillingPeriod: row.BillingPeriod}
+		e := r.get(k)
+		e.team = row
+		if row.ChargeID == nil || *row.ChargeID == "" {
+			continue
+		}
+		ch, err := r.cfg.Stripe.GetCharge(ctx, *row.ChargeID)
+		switch {
+		case errors.Is(err, stripeapi.ErrNoSuchCharge):
+			e.problems = append(e.problems, "the team's table names charge "+*row.ChargeID+", which Stripe does not have")
+			continue
+		case err != nil:
+			return fmt.Errorf("verifying %s's charge %s at Stripe: %w", k, *row.ChargeID, err)
+		}
+		if why := r.mismatch(row, e, ch); why != "" {
+			e.problems = append(e.problems, why)
+			continue
+		}
+		e.teamCh = ch.ID
+		e.charges = appendCharge(e.charges, ch)
+		own(ch.StripeCustomerID, row.CustomerID)
+		if (i+1)%1000 == 0 {
+			r.progress("verified %d of %d rows at Stripe", i+1, len(rows))
+		}
+	}
+
+	if !r.cfg.FromStripe {
+		return nil
+	}
+	from, _ := time.Parse("2006-01", r.cfg.Period) // validated
+	want := strings.ReplaceAll(r.cfg.Description, "{period}", r.cfg.Period)
+	var listed int
+	// A minute past now: a charge created this second is in the window too.
+	err = r.cfg.Stripe.ListCharges(ctx, from, r.cfg.Now().Add(time.Minute), func(ch stripeapi.Charge) error {
+		listed++
+		if listed%10000 == 0 {
+			r.progress("listed %d charges at Stripe", listed)
+		}
+		if ch.Status != "succeeded" || stripeapi.IsPelguard(ch.Metadata) {
+			return nil
+		}
+		period := ch.Metadata[stripeapi.MetaBillingPeriod]
+		if period == "" && ch.Description == want {
+			period = r.cfg.Period
+		}
+		if period != r.cfg.Period {
+			return nil
+		}
+		r.sum.StripeCharges++
+		customer := ch.Metadata[stripeapi.MetaCustomerID]
+		if customer == "" {
+			ids := owners[ch.StripeCustomerID]
+			switch len(ids) {
+			case 0:
+				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, "no customer_id for Stripe customer "+ch.StripeCustomerID+
+					" (neither the team's table nor the stream's events name it): not imported")
+				return nil
+			case 1:
+				for id := range ids {
+					customer = id
+				}
+			default:
+				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, fmt.Sprintf("Stripe customer %s belongs to %d of the team's customers: which one this charge bills is ambiguous, not imported",
+					ch.StripeCustomerID, len(ids)))
+				return nil
+			}
+		}
+		e := r.get(ledger.Key{CustomerID: customer, BillingPeriod: period})
+		e.charges = appendCharge(e.charges, ch)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing %s's charges at Stripe: %w", r.cfg.Period, err)
+	}
+	r.progress("listed %d charges at Stripe, %d of them unmarked charges of %s", listed, r.sum.StripeCharges, r.cfg.Period)
+	return nil
+}
+
+// mismatch says why a charge the team's table names cannot be the key's
+// charge, or "".
+func (r *run) mismatch(row *TeamRow, e *keyed, ch stripeapi.Charge) string {
+	switch {
+	case ch.Status != "succeeded":
+		return fmt.Sprintf("charge %s is %s at Stripe, not succeeded", ch.ID, ch.Status)
+	case row.AmountCents != nil && *row.AmountCents != ch.AmountCents:
+		return fmt.Sprintf("charge %s is %d %s at Stripe; the team's row says %d", ch.ID, ch.AmountCents, ch.Currency, *row.AmountCents)
+	case e.event != nil && e.event.StripeCustomerID != ch.StripeCustomerID:
+		return fmt.Sprintf("charge %s belongs to Stripe customer %s; the stream's event says %s", ch.ID, ch.StripeCustomerID, e.event.StripeCustomerID)
+	case e.event != nil && !strings.EqualFold(e.event.Currency, ch.Currency):
+		return fmt.Sprintf("charge %s is in %s; the stream's event says %s", ch.ID, ch.Currency, e.event.Currency)
+	}
+	return ""
+}
+
+func appendCharge(chs []stripeapi.Charge, ch stripeapi.Charge) []stripeapi.Charge {
+	for _, c := range chs {
+		if c.ID == ch.ID {
+			return chs
+		}
+	}
+	return append(chs, ch)
+}
+
+// teamRows reads the team's table and query in READ ONLY transactions: the
+// import cannot write the team's data even by mistake.
+func (r *run) teamRows(ctx context.Context) ([]TeamRow, error) {
+	var out []TeamRow
+	read := func(q string, args ...any) error {
+		tx, err := r.cfg.DB.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[TeamRow])
+		if err != nil {
+			return err
+		}
+		for _, g := range got {
+			if r.cfg.Period == "" || g.BillingPeriod == r.cfg.Period {
+				out = append(out, g)
+			}
+		}
+		return nil
+	}
+	if r.cfg.FromTable != "" {
+		id, _ := tableIdent(r.cfg.FromTable) // validated
+		q := `SELECT customer_id::text, billing_period::text, charge_id::text, amount_cents::bigint, status::text,
+			error::text, created_at::timestamptz FROM ` + id.Sanitize()
+		if err := read(q); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", r.cfg.FromTable, err)
+		}
+	}
+	if r.cfg.FromQuery != "" {
+		if err := read(r.cfg.FromQuery); err != nil {
+			return nil, fmt.Errorf("running --from-query (in a READ ONLY transaction): %w", err)
+		}
+	}
+	return out, nil
+}
