@@ -100,7 +100,7 @@ type Duplicate struct {
 
 // Summary is what one import did (or, with DryRun, would do).
 type Summary struct {
-	DryRun bool `json:"dry_run"`
+	DryRun bool  `json:"dry_run"`
 	RunID  int64 `json:"run_id,omitempty"`
 	// TeamRows and StripeCharges are what was read.
 	TeamRows      int `json:"team_rows"`

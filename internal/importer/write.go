@@ -104,7 +104,7 @@ func (r *run) declinedRecord(e *keyed) (ledger.Record, bool) {
 	return ledger.Record{
 		Key: e.key, StripeCustomerID: e.event.StripeCustomerID, AmountCents: e.event.AmountCents, Currency: e.event.Currency,
 		IdempotencyKey: event.IdempotencyKey(e.key.CustomerID, e.key.BillingPeriod, r.cfg.Namespace),
-		Status: ledger.StatusDeclined, FirstAttemptAt: first, LastError: msg,
+		Status:         ledger.StatusDeclined, FirstAttemptAt: first, LastError: msg,
 	}, true
 }
 
