@@ -190,7 +190,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 		return nil, err
 	}
 	cfg.Metrics.startStream(cfg.Stream)
-	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.ledger, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.Test.DisableHeartbeat)}, nil
+	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.ledger, cfg.Stream, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.Test.DisableHeartbeat)}, nil
 }
 
 // RunHeartbeat renews the processor's holds until ctx is done.

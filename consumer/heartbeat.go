@@ -89,6 +89,7 @@ var errLeaseLost = fmt.Errorf("lease lost: %w", ledger.ErrLeaseLost)
 type heartbeat struct {
 	rdb      redis.UniversalClient
 	ledger   *ledger.Ledger
+	stream   string // where the consumer registers its liveness
 	group    string
 	name     string
 	lease    time.Duration
@@ -101,8 +102,8 @@ type heartbeat struct {
 	holds map[string]*hold // stream + "\x00" + id
 }
 
-func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {
-	return &heartbeat{rdb: rdb, ledger: l, group: group, name: name, lease: lease,
+func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, stream, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {
+	return &heartbeat{rdb: rdb, ledger: l, stream: stream, group: group, name: name, lease: lease,
 		interval: lease / 3, logger: logger, metrics: m, disabled: disabled, holds: map[string]*hold{}}
 }
 
@@ -147,11 +148,10 @@ func (hb *heartbeat) acking(stream, id string) {
 	}
 }
 
-// run ticks until ctx is done.
+// run ticks until ctx is done: it registers the consumer's liveness on
+// its stream and, unless disabled, renews every hold.
 func (hb *heartbeat) run(ctx context.Context) {
-	if hb.disabled {
-		return
-	}
+	hb.register(ctx)
 	t := time.NewTicker(hb.interval)
 	defer t.Stop()
 	for {
@@ -159,8 +159,23 @@ func (hb *heartbeat) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			hb.beat(ctx)
+			hb.register(ctx)
+			if !hb.disabled {
+				hb.beat(ctx)
+			}
 		}
+	}
+}
+
+// register refreshes the liveness entry (see liveness.go). A failure is
+// logged: the worst it causes is a reaper that leaves this consumer's
+// entries alone a little longer.
+func (hb *heartbeat) register(ctx context.Context) {
+	if hb.stream == "" {
+		return
+	}
+	if err := register(ctx, hb.rdb, hb.stream, hb.group, hb.name, hb.ledger.Now()); err != nil && ctx.Err() == nil {
+		hb.logger.WarnContext(ctx, "heartbeat: registering liveness failed", slog.Any("error", err))
 	}
 }
 

@@ -141,3 +141,23 @@ func TestSwitchingWithoutImportChargesTwice(t *testing.T) {
 		t.Fatalf("%d charges; the control expects the double charge (2)", n)
 	}
 }
+
+// A pelguard consumer registers its name and heartbeat time where the
+// reaper looks, as soon as it starts and on every heartbeat.
+func TestConsumerRegistersLiveness(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	testenv.CleanupKeys(t, b.rdb, consumer.LivenessKey(b.stream, b.group))
+	cfg := b.config(t, "registered-consumer")
+	start(t, cfg)
+	var first time.Time
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		reg, err := consumer.Registered(context.Background(), b.rdb, b.stream, b.group)
+		first = reg["registered-consumer"]
+		return err == nil && !first.IsZero()
+	}, "the consumer registered")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		reg, _ := consumer.Registered(context.Background(), b.rdb, b.stream, b.group)
+		return reg["registered-consumer"].After(first)
+	}, "the heartbeat refreshed the registration")
+}
