@@ -89,24 +89,25 @@ func TestEmulatorErrorClasses(t *testing.T) {
 
 			t.Run("key_in_use_409", func(t *testing.T) {
 				t.Parallel()
-				srv := newSim(t, stripesim.Config{Faults: stripesim.Faults{Latency: stripesim.Latency{Fixed: 300 * time.Millisecond}}})
+				// The first request is held inside the emulator, its key
+				// claimed, until the second has had its answer: no sleep
+				// decides who is first.
+				claimed, release := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				srv := newSim(t, stripesim.Config{OnExecute: func(string) {
+					once.Do(func() { close(claimed); <-release })
+				}})
 				c := simClient(t, srv, stripeapi.Config{Mode: mode, MaxNetworkRetries: -1})
 				req := pelguardReq("u", "2026-11", 100)
-				errs := make([]error, 2)
-				var wg sync.WaitGroup
-				for i := range errs {
-					wg.Go(func() {
-						if i == 1 {
-							time.Sleep(50 * time.Millisecond) // let the first claim the key
-						}
-						_, errs[i] = c.Charge(t.Context(), req)
-					})
+				first := make(chan error, 1)
+				go func() { _, err := c.Charge(t.Context(), req); first <- err }()
+				<-claimed
+				_, second := c.Charge(t.Context(), req)
+				close(release)
+				if err := <-first; err != nil {
+					t.Fatalf("first: %v", err)
 				}
-				wg.Wait()
-				if errs[0] != nil {
-					t.Fatalf("first: %v", errs[0])
-				}
-				wantKind(t, errs[1], stripeapi.ErrTransient, 409)
+				wantKind(t, second, stripeapi.ErrTransient, 409)
 			})
 
 			t.Run("restricted_key_403", func(t *testing.T) {

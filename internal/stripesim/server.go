@@ -64,6 +64,11 @@ type Config struct {
 	// never created (404-like 400 resource_missing, as Stripe does). Off by
 	// default so tests may use arbitrary cus_ ids.
 	RequireCustomers bool
+	// OnExecute, when set, runs for every POST after its idempotency claim
+	// and the injected latency, just before the endpoint executes, with the
+	// endpoint's kind ("charge", "payment_intent", "refund", …). It is a
+	// signal for tests: "a request now holds its key", instead of a sleep.
+	OnExecute func(kind string)
 }
 
 // Server is a running emulator. All methods are safe for concurrent use.
@@ -288,6 +293,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) hook(kind string) {
 	if s.testHookExecute != nil {
 		s.testHookExecute(kind)
+	}
+	if s.cfg.OnExecute != nil {
+		s.cfg.OnExecute(kind)
 	}
 }
 
