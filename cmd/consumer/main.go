@@ -42,6 +42,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return capCmd(ctx, args[1:], stdout, stderr)
 		case "replay":
 			return replayCmd(ctx, args[1:], stdout, stderr)
+		case "import":
+			return cli.Import(ctx, prog, args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}
@@ -55,7 +57,7 @@ ledger (billing_records) before it is acked; a heartbeat keeps slow Stripe calls
 reclaimed; bad events go to <stream>:dead with the reason. Several --stream values run one
 consumer per stream in this process (e.g. hash-tagged streams on a Redis Cluster).
 
-Subcommands: run (default), cap set|show, replay, migrate up|down|status.
+Subcommands: run (default), cap set|show, replay, import, migrate up|down|status|move.
 Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
 SLACK_BOT_TOKEN, SLACK_CHANNEL. On SIGTERM it stops reading, finishes events in flight and
 exits 0 within --shutdown-timeout.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -80,8 +81,13 @@ func (r *run) collect(ctx context.Context) error {
 		if listed%10000 == 0 {
 			r.progress("listed %d charges at Stripe", listed)
 		}
-		if ch.Status != "succeeded" || stripeapi.IsPelguard(ch.Metadata) {
+		if ch.Status != "succeeded" {
 			return nil
+		}
+		if stripeapi.IsPelguard(ch.Metadata) {
+			// pelguard's own charge: after a ledger restore it is as
+			// unknown to the ledger as a team's.
+			return r.pelguardCharge(ch)
 		}
 		period := ch.Metadata[stripeapi.MetaBillingPeriod]
 		if period == "" && ch.Description == want {
@@ -116,7 +122,24 @@ func (r *run) collect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing %s's charges at Stripe: %w", r.cfg.Period, err)
 	}
-	r.progress("listed %d charges at Stripe, %d of them unmarked charges of %s", listed, r.sum.StripeCharges, r.cfg.Period)
+	r.progress("listed %d charges at Stripe, %d of them charges of %s", listed, r.sum.StripeCharges, r.cfg.Period)
+	return nil
+}
+
+// pelguardCharge adds a charge pelguard made (its marker names the key).
+func (r *run) pelguardCharge(ch stripeapi.Charge) error {
+	md := ch.Metadata
+	k := ledger.Key{CustomerID: md[stripeapi.MetaCustomerID], BillingPeriod: md[stripeapi.MetaBillingPeriod]}
+	if k.BillingPeriod != r.cfg.Period || k.CustomerID == "" {
+		return nil
+	}
+	r.sum.StripeCharges++
+	if want := event.IdempotencyKey(k.CustomerID, k.BillingPeriod, r.cfg.Namespace); md[stripeapi.MetaIdempotencyKey] != want {
+		r.skip(k, ch.ID, "a pelguard charge made under another --namespace (its key differs): not imported; rerun with that namespace")
+		return nil
+	}
+	e := r.get(k)
+	e.charges = appendCharge(e.charges, ch)
 	return nil
 }
 

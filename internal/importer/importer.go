@@ -60,7 +60,9 @@ type Config struct {
 	// FromStripe).
 	FromTable string
 	FromQuery string
-	// FromStripe lists Period's succeeded charges without pelguard's marker.
+	// FromStripe lists Period's succeeded charges: those without pelguard's
+	// marker (the team's old consumer's) and pelguard's own (after a
+	// ledger restored from a backup).
 	FromStripe bool
 	// Period limits the import to one billing period; required with
 	// FromStripe.
