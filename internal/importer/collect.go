@@ -75,8 +75,9 @@ func (r *run) collect(ctx context.Context) error {
 	from, _ := time.Parse("2006-01", r.cfg.Period) // validated
 	want := strings.ReplaceAll(r.cfg.Description, "{period}", r.cfg.Period)
 	var listed int
-	// A minute past now: a charge created this second is in the window too.
-	err = r.cfg.Stripe.ListCharges(ctx, from, r.cfg.Now().Add(time.Minute), func(ch stripeapi.Charge) error {
+	// No real upper bound: every charge from the period's start on (a
+	// month past now also covers a host clock behind Stripe's).
+	err = r.cfg.Stripe.ListCharges(ctx, from, r.cfg.Now().AddDate(0, 1, 0), func(ch stripeapi.Charge) error {
 		listed++
 		if listed%10000 == 0 {
 			r.progress("listed %d charges at Stripe", listed)
