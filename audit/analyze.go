@@ -3,21 +3,27 @@ package audit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/pelguard/pelguard/internal/ledger"
 )
 
-// pelguardFindings joins the marked charges with their ledger rows, one
-// LookupBatch of keys per query, and derives duplicate, orphan and
-// mismatch findings.
-func (a *Auditor) pelguardFindings(ctx context.Context, c *collector) ([]Finding, error) {
+// chargeFindings derives the duplicate, orphan and mismatch findings of
+// the listed charges. Each pelguard group (one ledger key) is joined with
+// its ledger row, LookupBatch keys per query. With --legacy, the legacy
+// charges of the group's Stripe customer and period join it first, so an
+// old consumer's charge and pelguard's for one customer and period are
+// compared; the legacy groups left over are compared with the ledger rows
+// of their Stripe customer and period.
+func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, error) {
 	var fs []Finding
 	for _, e := range c.unkeyed {
 		fs = append(fs, Finding{Kind: KindOrphan, Subject: e.id, StripeCustomerID: e.stripeCustomer, ChargeID: e.id,
 			IdempotencyKey: e.idemKey, AmountCents: e.net(), Currency: e.currency,
 			Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
 	}
+	shared := c.sharing()
 	keys := make([]ledger.Key, 0, min(len(c.pelguard), a.cfg.LookupBatch))
 	flush := func() error {
 		recs, err := a.ledger.Lookup(ctx, keys)
@@ -25,8 +31,10 @@ func (a *Auditor) pelguardFindings(ctx context.Context, c *collector) ([]Finding
 			return fmt.Errorf("reading the ledger rows of %d charged keys: %w", len(keys), err)
 		}
 		for _, k := range keys {
+			gk := groupKey{k.CustomerID, k.BillingPeriod}
+			es := c.pelguard[gk]
 			r, ok := recs[k]
-			fs = append(fs, groupFindings(groupKey{k.CustomerID, k.BillingPeriod}, c.pelguard[groupKey{k.CustomerID, k.BillingPeriod}], r, ok)...)
+			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared), r, ok)...)
 		}
 		keys = keys[:0]
 		return nil
@@ -44,19 +52,33 @@ func (a *Auditor) pelguardFindings(ctx context.Context, c *collector) ([]Finding
 			return nil, err
 		}
 	}
-	return fs, nil
+	lfs, err := a.legacyFindings(ctx, c.legacy, shared)
+	if err != nil {
+		return nil, err
+	}
+	return append(fs, lfs...), nil
 }
 
-// groupFindings decides one (customer, period) of pelguard charges against
-// its ledger row (ok=false: no row).
+// groupFindings decides one (customer, period) of pelguard charges, and the
+// legacy charges that joined them, against its ledger row (ok=false: no
+// row).
 //
-// The canonical charge is the ledger's charge_id when the row is charged,
-// else the earliest billable charge. Fully refunded charges take no part: a
-// refund already undid them. A partly refunded charge still counts, for
-// what it still holds.
-func groupFindings(k groupKey, es []entry, r ledger.Record, ok bool) []Finding {
+// The canonical charge is the ledger's charge_id when the row is charged
+// (found among es by charge or intent id), else the earliest billable
+// charge, legacy or not. Fully refunded charges take no part: a refund
+// already undid them. A partly refunded charge still counts, for what it
+// still holds. Only a pelguard charge can be an orphan: a legacy one never
+// had a ledger row to miss.
+func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []Finding {
 	var fs []Finding
-	bill := billable(es)
+	all := es
+	if len(legacy) > 0 {
+		all = slices.Concat(es, legacy)
+	}
+	bill := billable(all)
+	isLegacy := func(e entry) bool {
+		return slices.ContainsFunc(legacy, func(l entry) bool { return l.id == e.id })
+	}
 	base := Finding{CustomerID: k.customer, BillingPeriod: k.period}
 	if ok {
 		base.IdempotencyKey = r.IdempotencyKey
@@ -67,6 +89,12 @@ func groupFindings(k groupKey, es []entry, r ledger.Record, ok bool) []Finding {
 		f.StripeCustomerID, f.AmountCents, f.Currency, f.Detail = e.stripeCustomer, e.net(), e.currency, detail
 		if f.IdempotencyKey == "" {
 			f.IdempotencyKey = e.idemKey
+		}
+		if isLegacy(e) {
+			f.Legacy = true
+			if kind == KindDuplicate {
+				f.Detail = "legacy (unmarked) " + detail
+			}
 		}
 		return f
 	}
@@ -79,11 +107,12 @@ func groupFindings(k groupKey, es []entry, r ledger.Record, ok bool) []Finding {
 		canonical = r.ChargeID
 		var ledgerCharge *entry
 		for i := range es {
-			if es[i].id == canonical {
+			if es[i].id == r.ChargeID || (es[i].intent != "" && es[i].intent == r.ChargeID) {
 				ledgerCharge = &es[i]
 			}
 		}
 		if ledgerCharge != nil {
+			canonical = ledgerCharge.id
 			if e := *ledgerCharge; e.amount != r.AmountCents || !strings.EqualFold(e.currency, r.Currency) {
 				fs = append(fs, mk(KindAmountMismatch, e, "", fmt.Sprintf("Stripe charged %d %s, the ledger recorded %d %s",
 					e.amount, e.currency, r.AmountCents, r.Currency)))
@@ -109,7 +138,9 @@ func groupFindings(k groupKey, es []entry, r ledger.Record, ok bool) []Finding {
 		if ok {
 			why = fmt.Sprintf("the ledger row is %s, not charged", r.Status)
 		}
-		fs = append(fs, mk(KindOrphan, bill[0], "", why))
+		if !isLegacy(bill[0]) {
+			fs = append(fs, mk(KindOrphan, bill[0], "", why))
+		}
 	}
 	for _, e := range dups {
 		fs = append(fs, mk(KindDuplicate, e, canonical, dupDetail(e, canonical)))
@@ -123,24 +154,4 @@ func dupDetail(e entry, canonical string) string {
 		d += fmt.Sprintf("; partly refunded (%d of %d), the rest is due back", e.refunded, e.amount)
 	}
 	return d
-}
-
-// legacyFindings reports only duplicates among unmarked charges: without a
-// ledger there is nothing else to compare with.
-func legacyFindings(groups map[groupKey][]entry) []Finding {
-	var fs []Finding
-	for k, es := range groups {
-		bill := billable(es)
-		if len(bill) < 2 {
-			continue
-		}
-		canonical := bill[0].id
-		for _, e := range bill[1:] {
-			fs = append(fs, Finding{Kind: KindDuplicate, Subject: e.id, Legacy: true, BillingPeriod: k.period,
-				StripeCustomerID: k.customer, ChargeID: e.id, CanonicalChargeID: canonical,
-				AmountCents: e.net(), Currency: e.currency,
-				Detail: "legacy (unmarked) " + dupDetail(e, canonical)})
-		}
-	}
-	return fs
 }

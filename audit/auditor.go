@@ -64,8 +64,11 @@ type Report struct {
 	Manual bool      `json:"manual"`
 	Legacy bool      `json:"legacy"`
 
-	ChargesScanned  int64 `json:"charges_scanned"`
-	Pages           int64 `json:"pages"`
+	ChargesScanned int64 `json:"charges_scanned"`
+	Pages          int64 `json:"pages"`
+	// PelguardCharges counts the marked charges and the unmarked ones a
+	// ledger row records; LegacyCharges the other unmarked ones --legacy
+	// kept (a billing period found).
 	PelguardCharges int64 `json:"pelguard_charges"`
 	LegacyCharges   int64 `json:"legacy_charges"`
 	LedgerCharged   int64 `json:"ledger_charged_rows"`
@@ -238,12 +241,11 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 			Detail: fmt.Sprintf("ledger recorded charge %s at %s; Stripe has no such succeeded charge",
 				r.ChargeID, r.ChargedAt.UTC().Format(time.RFC3339))})
 	}
-	pfs, err := a.pelguardFindings(ctx, c)
+	cfs, err := a.chargeFindings(ctx, c)
 	if err != nil {
 		return err
 	}
-	fs = append(fs, pfs...)
-	fs = append(fs, legacyFindings(c.legacy)...)
+	fs = append(fs, cfs...)
 	sfs, err := a.stuckFindings(ctx, w.Period)
 	if err != nil {
 		return err

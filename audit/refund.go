@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -182,16 +181,17 @@ func (a *Auditor) refusal(ctx context.Context, f Finding) (string, error) {
 	case f.AmountCents <= 0:
 		return "nothing left to refund", nil
 	}
-	if !f.Legacy && f.CustomerID != "" {
-		// Invariant 6, checked against the source of truth at the moment
-		// of the refund, not only against what the audit saw.
-		recs, err := a.ledger.Lookup(ctx, []ledger.Key{{CustomerID: f.CustomerID, BillingPeriod: f.BillingPeriod}})
-		if err != nil {
-			return "", fmt.Errorf("checking the ledger before refunding %s: %w", f.ChargeID, err)
-		}
-		if r, ok := recs[ledger.Key{CustomerID: f.CustomerID, BillingPeriod: f.BillingPeriod}]; ok && r.ChargeID == f.ChargeID {
-			return "the ledger records this charge as the canonical charge", nil
-		}
+	// Invariant 6, checked against the source of truth at the moment of the
+	// refund, not only against what the audit saw: no row of the ledger may
+	// record this charge, whatever customer the finding names (a legacy
+	// finding may name none, and an import may have recorded the charge
+	// since the audit).
+	recs, err := a.ledger.ByChargeIDs(ctx, []string{f.ChargeID})
+	if err != nil {
+		return "", fmt.Errorf("checking the ledger before refunding %s: %w", f.ChargeID, err)
+	}
+	if _, ok := recs[f.ChargeID]; ok {
+		return "the ledger records this charge as the canonical charge", nil
 	}
 	missing, err := a.store.openMissing(ctx, f.CanonicalChargeID)
 	if err != nil {

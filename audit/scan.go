@@ -24,6 +24,9 @@ type entry struct {
 	currency       string
 	stripeCustomer string
 	idemKey        string
+	// intent is the charge's PaymentIntent id: a ledger row may record the
+	// intent rather than the charge.
+	intent string
 }
 
 // net is what the charge still holds: a fully refunded charge is not a
@@ -34,8 +37,9 @@ func byCreated(a, b entry) int {
 	return cmp.Or(cmp.Compare(a.created, b.created), cmp.Compare(a.id, b.id))
 }
 
-// groupKey is (ledger customer id, period) for pelguard charges and
-// (Stripe customer id, period) for legacy ones.
+// groupKey is (ledger customer id, period) for pelguard charges (marked,
+// or recorded in the ledger) and (Stripe customer id, period) for legacy
+// ones.
 type groupKey struct{ customer, period string }
 
 // wanted maps the charge ids of ledger rows charged in the window to their
@@ -83,7 +87,8 @@ func newCollector(period string, legacyRE *regexp.Regexp, wanted wanted) *collec
 
 // add files one page of charges under the collector's lock (one lock per
 // page rather than per charge keeps parallel listers from contending).
-func (c *collector) add(page []stripeapi.Charge) {
+// known holds the ledger rows of the page's unmarked charges (see file).
+func (c *collector) add(page []stripeapi.Charge, known recorded) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range page {
@@ -92,8 +97,9 @@ func (c *collector) add(page []stripeapi.Charge) {
 			continue
 		}
 		delete(c.wanted, ch.ID)
+		delete(c.wanted, ch.PaymentIntentID)
 		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
-			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID}
+			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID}
 		md := ch.Metadata
 		if stripeapi.IsPelguard(md) {
 			c.pelguardN.Add(1)
@@ -109,23 +115,7 @@ func (c *collector) add(page []stripeapi.Charge) {
 			c.pelguard[k] = append(c.pelguard[k], e)
 			continue
 		}
-		if c.legacyRE == nil || ch.StripeCustomerID == "" {
-			continue
-		}
-		period := md[stripeapi.MetaBillingPeriod]
-		if period == "" {
-			m := c.legacyRE.FindStringSubmatch(ch.Description)
-			if len(m) < 2 || m[1] == "" {
-				continue
-			}
-			period = m[1]
-		}
-		if c.period != "" && period != c.period {
-			continue
-		}
-		c.legacyN.Add(1)
-		k := groupKey{ch.StripeCustomerID, c.intern(period)}
-		c.legacy[k] = append(c.legacy[k], e)
+		c.addUnmarked(ch, e, known)
 	}
 }
 
@@ -166,16 +156,18 @@ func (a *Auditor) list(ctx context.Context, from, to time.Time, c *collector) er
 				// references as soon as the page is filed.
 				page = append(page, ch)
 				if len(page) == cap(page) {
-					c.add(page)
-					c.scanned.Add(int64(len(page)))
+					if err := a.file(ctx, c, page); err != nil {
+						return err
+					}
 					clear(page)
 					page = page[:0]
 				}
 				return nil
 			})
-			c.add(page)
-			c.scanned.Add(int64(len(page)))
-			return err
+			if err != nil {
+				return err
+			}
+			return a.file(ctx, c, page)
 		})
 	}
 	return g.Wait()
@@ -227,6 +219,7 @@ func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted 
 				if ch.Status == "succeeded" {
 					mu.Lock()
 					delete(wanted, ch.ID)
+					delete(wanted, ch.PaymentIntentID)
 					mu.Unlock()
 				}
 				return nil

@@ -94,3 +94,43 @@ func (l *Ledger) ByChargeIDs(ctx context.Context, ids []string) (map[string]Reco
 	}
 	return out, nil
 }
+
+// StripeKey is a Stripe customer and a billing period: all a charge that
+// pelguard did not make (an old consumer's) says about what it billed.
+type StripeKey struct{ StripeCustomerID, BillingPeriod string }
+
+// ByStripeKeys reads the rows billed to the given Stripe customers for the
+// given periods, grouped by key: the auditor's --legacy comparison. One
+// Stripe customer may stand for several ledger customers, so a key may have
+// several rows. No index serves this read (it scans billing_records once per
+// call); only the auditor's --legacy runs make it, a batch of keys at a time.
+func (l *Ledger) ByStripeKeys(ctx context.Context, keys []StripeKey) (map[StripeKey][]Record, error) {
+	out := make(map[StripeKey][]Record, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cust := make([]string, len(keys))
+	per := make([]string, len(keys))
+	for i, k := range keys {
+		cust[i], per[i] = k.StripeCustomerID, k.BillingPeriod
+	}
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
+		WHERE (stripe_customer_id, billing_period) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+		ORDER BY customer_id`, cust, per)
+	if err != nil {
+		return nil, fmt.Errorf("reading billing records of %d Stripe customers: %w", len(keys), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scanning billing record: %w", err)
+		}
+		k := StripeKey{r.StripeCustomerID, r.BillingPeriod}
+		out[k] = append(out[k], r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading billing records of %d Stripe customers: %w", len(keys), err)
+	}
+	return out, nil
+}

@@ -1,0 +1,235 @@
+package audit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+// recorded maps charge and PaymentIntent ids to the ledger rows that record
+// them: the rows of one page's unmarked charges.
+type recorded map[string]ledger.Record
+
+// of returns the row that records ch, by its charge id or its intent id.
+func (k recorded) of(ch *stripeapi.Charge) (ledger.Record, bool) {
+	if r, ok := k[ch.ID]; ok {
+		return r, true
+	}
+	if ch.PaymentIntentID == "" {
+		return ledger.Record{}, false
+	}
+	r, ok := k[ch.PaymentIntentID]
+	return r, ok
+}
+
+// file reads the ledger rows of a page's unmarked charges, in one query per
+// page, and files the page into c. A charge without pelguard's marker may
+// still be the ledger's: pelguard charging with its metadata turned off (so
+// that Stripe accepts a team's idempotency key), or a team's charge brought
+// in by `consumer import`. Reading per page keeps the rows of one page in
+// memory, never the window's.
+func (a *Auditor) file(ctx context.Context, c *collector, page []stripeapi.Charge) error {
+	var ids []string
+	for i := range page {
+		ch := &page[i]
+		if ch.Status != "succeeded" || stripeapi.IsPelguard(ch.Metadata) {
+			continue
+		}
+		ids = append(ids, ch.ID)
+		if ch.PaymentIntentID != "" {
+			ids = append(ids, ch.PaymentIntentID)
+		}
+	}
+	var known recorded
+	if len(ids) > 0 {
+		rows, err := a.ledger.ByChargeIDs(ctx, ids)
+		if err != nil {
+			return fmt.Errorf("reading the ledger rows of unmarked charges: %w", err)
+		}
+		known = rows
+	}
+	c.add(page, known)
+	c.scanned.Add(int64(len(page)))
+	return nil
+}
+
+// addUnmarked files a succeeded charge without pelguard's marker (c.mu held).
+// A charge the ledger records is pelguard's, whatever its metadata: it goes
+// to its row's group, where it is the canonical charge. Any other is a
+// legacy charge, kept only with --legacy, under its Stripe customer and the
+// period of its metadata or description.
+func (c *collector) addUnmarked(ch *stripeapi.Charge, e entry, known recorded) {
+	if r, ok := known.of(ch); ok {
+		c.pelguardN.Add(1)
+		if c.period != "" && r.BillingPeriod != c.period {
+			return
+		}
+		e.idemKey = r.IdempotencyKey
+		k := groupKey{r.CustomerID, c.intern(r.BillingPeriod)}
+		c.pelguard[k] = append(c.pelguard[k], e)
+		return
+	}
+	if c.legacyRE == nil || ch.StripeCustomerID == "" {
+		return
+	}
+	period := ch.Metadata[stripeapi.MetaBillingPeriod]
+	if period == "" {
+		m := c.legacyRE.FindStringSubmatch(ch.Description)
+		if len(m) < 2 || m[1] == "" {
+			return
+		}
+		period = m[1]
+	}
+	if c.period != "" && period != c.period {
+		return
+	}
+	c.legacyN.Add(1)
+	k := groupKey{ch.StripeCustomerID, c.intern(period)}
+	c.legacy[k] = append(c.legacy[k], e)
+}
+
+// stripeCustomers calls fn once for each Stripe customer of es.
+func stripeCustomers(es []entry, fn func(string)) {
+	for i, e := range es {
+		seen := e.stripeCustomer == ""
+		for _, p := range es[:i] {
+			seen = seen || p.stripeCustomer == e.stripeCustomer
+		}
+		if !seen {
+			fn(e.stripeCustomer)
+		}
+	}
+}
+
+// sharing counts, for each (Stripe customer, period) that has legacy
+// charges, the pelguard groups billed to that Stripe customer in that
+// period. Legacy charges join a pelguard group only when it is the one
+// group of their key: with two ledger customers on one Stripe customer the
+// auditor cannot tell which of them an old charge billed.
+func (c *collector) sharing() map[groupKey]int {
+	if len(c.legacy) == 0 {
+		return nil
+	}
+	n := map[groupKey]int{}
+	for k, es := range c.pelguard {
+		stripeCustomers(es, func(s string) {
+			if sk := (groupKey{s, k.period}); c.legacy[sk] != nil {
+				n[sk]++
+			}
+		})
+	}
+	return n
+}
+
+// takeLegacy removes from c and returns the legacy charges that belong with
+// the pelguard group k: those of its Stripe customers and period that no
+// other pelguard group shares.
+func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int) []entry {
+	if len(shared) == 0 {
+		return nil
+	}
+	var out []entry
+	stripeCustomers(es, func(s string) {
+		sk := groupKey{s, k.period}
+		if shared[sk] == 1 {
+			out = append(out, c.legacy[sk]...)
+			delete(c.legacy, sk)
+		}
+	})
+	return out
+}
+
+// legacyFindings decides the legacy groups that joined no pelguard group,
+// against the ledger rows of their Stripe customer and period, LookupBatch
+// keys per query. A group shared by several pelguard groups is compared
+// among its unmarked charges only, without the ledger.
+func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entry, shared map[groupKey]int) ([]Finding, error) {
+	var fs []Finding
+	keys := make([]ledger.StripeKey, 0, min(len(groups), a.cfg.LookupBatch))
+	flush := func() error {
+		rows, err := a.ledger.ByStripeKeys(ctx, keys)
+		if err != nil {
+			return fmt.Errorf("reading the ledger rows of %d legacy groups: %w", len(keys), err)
+		}
+		for _, sk := range keys {
+			k := groupKey{sk.StripeCustomerID, sk.BillingPeriod}
+			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0)...)
+		}
+		keys = keys[:0]
+		return nil
+	}
+	for k, es := range groups {
+		if n := shared[k]; n > 1 {
+			fs = append(fs, legacyGroupFindings(k, es, nil, n)...)
+			continue
+		}
+		keys = append(keys, ledger.StripeKey{StripeCustomerID: k.customer, BillingPeriod: k.period})
+		if len(keys) == a.cfg.LookupBatch {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(keys) > 0 {
+		if err := flush(); err != nil {
+			return nil, err
+		}
+	}
+	return fs, nil
+}
+
+// legacyGroupFindings reports the duplicates among the legacy charges of one
+// Stripe customer and period that no pelguard charge of the window joined.
+// rows are the ledger's rows for that key; shared > 1 says that many
+// pelguard groups bill it (rows is then nil).
+//
+// With exactly one row, its customer goes on the findings and, when it is
+// charged, its charge is the canonical one: it was not listed in this
+// window (a listed charge of the ledger's is in a pelguard group), so every
+// legacy charge here is a second charge. Otherwise the earliest billable
+// charge is canonical.
+func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared int) []Finding {
+	bill := billable(es)
+	base := Finding{Kind: KindDuplicate, Legacy: true, BillingPeriod: k.period, StripeCustomerID: k.customer}
+	note := ""
+	switch {
+	case shared > 1:
+		note = fmt.Sprintf("; pelguard bills %d customers on this Stripe customer for the period, so only the unmarked charges are compared", shared)
+	case len(rows) > 1:
+		note = fmt.Sprintf("; the ledger has %d customers on this Stripe customer for the period, so only the unmarked charges are compared", len(rows))
+	case len(rows) == 1:
+		base.CustomerID, base.IdempotencyKey = rows[0].CustomerID, rows[0].IdempotencyKey
+	}
+	var canonical string
+	var dups []entry
+	switch {
+	case len(rows) == 1 && rows[0].Status == ledger.StatusCharged:
+		canonical = rows[0].ChargeID
+		note = "; the ledger's charge was not listed in the window"
+		for _, e := range bill {
+			if e.id == canonical || e.intent == canonical {
+				// Recorded since the page was read (an import running
+				// beside the audit): it is the ledger's, not a duplicate.
+				canonical, note = e.id, ""
+			}
+		}
+		for _, e := range bill {
+			if e.id != canonical {
+				dups = append(dups, e)
+			}
+		}
+	case len(bill) > 1:
+		canonical, dups = bill[0].id, bill[1:]
+	}
+	var fs []Finding
+	for _, e := range dups {
+		f := base
+		f.Subject, f.ChargeID, f.CanonicalChargeID = e.id, e.id, canonical
+		f.AmountCents, f.Currency = e.net(), e.currency
+		f.Detail = "legacy (unmarked) " + dupDetail(e, canonical) + note
+		fs = append(fs, f)
+	}
+	return fs
+}
