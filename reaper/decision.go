@@ -48,6 +48,14 @@ const (
 	KindRemoveConsumer Kind = "remove_consumer"
 )
 
+// Kinds returns every Kind, in the order above: for dashboards and
+// documentation, and for the test that holds the decision table to a row per
+// kind. Each call returns a new slice.
+func Kinds() []Kind {
+	return []Kind{KindGone, KindInvalid, KindAlreadyBilled, KindConflict, KindLeaseLive, KindMaxDeliveries,
+		KindClaim, KindRedriven, KindClaimLost, KindInFlight, KindError, KindRemoveConsumer}
+}
+
 // Decision is one line of the reaper's account: what it saw and what it did
 // (or, with DryRun, would have done).
 type Decision struct {

@@ -8,23 +8,8 @@ import (
 	"github.com/pelguard/pelguard/internal/ledger"
 )
 
-// The hand-built canonical payload must be byte for byte what
-// event.Event.Payload produces, or billed entries lose the fast path (and,
-// worse, a mismatch in the other direction could not happen: equality is
-// the only thing trusted).
-func TestRowPayloadIsEventPayload(t *testing.T) {
-	t.Parallel()
-	for _, rec := range []ledger.Record{
-		{Key: ledger.Key{CustomerID: "c_42", BillingPeriod: "2026-11"}, StripeCustomerID: "cus_ABC", AmountCents: 2500, Currency: "usd"},
-		{Key: ledger.Key{CustomerID: "a.b:c@d/e+f=g-h", BillingPeriod: "2026-W48"}, StripeCustomerID: "cus_1", AmountCents: 1, Currency: "eur"},
-		{Key: ledger.Key{CustomerID: "x<y>&\"z", BillingPeriod: "2026-Q4"}, StripeCustomerID: "cus_é", AmountCents: 9, Currency: "usd"},
-	} {
-		if got, want := rowPayload(rec), rowEvent(rec).Payload(); got != want {
-			t.Errorf("rowPayload %s, Payload %s", got, want)
-		}
-	}
-}
-
+// quickKey is event.QuickKey (tested there, with the hand-built canonical
+// payload it reads) as a ledger key.
 func TestQuickKey(t *testing.T) {
 	t.Parallel()
 	for payload, want := range map[string]ledger.Key{
