@@ -406,3 +406,18 @@ func cmpOr(s, def string) string {
 	}
 	return s
 }
+
+// UnregisteredConsumers reports group members that never registered as
+// pelguard consumers and own pending entries: the reaper leaves those
+// entries alone until told the consumers are stopped.
+func UnregisteredConsumers(stream, group string, names []string, entries int) Alert {
+	return Alert{
+		Kind:  KindReaperAnomaly,
+		Title: "Pending entries of consumers pelguard does not know",
+		Text: fmt.Sprintf("%d pending entries on %s/%s belong to consumers that never registered as pelguard consumers: %s. "+
+			"A consumer without a heartbeat looks the same dead as inside a slow Stripe call, so the reaper leaves them alone. "+
+			"Once they are stopped, restart the reaper with `--stopped-consumers %s`, or run `consumer import` for their billing periods.",
+			entries, Escape(stream), Escape(group), Escape(strings.Join(names, ", ")), Escape(strings.Join(names, ","))),
+		Fingerprint: "unregistered_consumers:" + stream + "/" + group + ":" + strings.Join(names, ","),
+	}
+}

@@ -174,6 +174,11 @@ func (c *cell) startPelguard(ctx context.Context, name string, sc consumer.Strip
 // readAll delivers up to n new entries to name without processing them, as
 // XREADGROUP does for a consumer that then works through its batch.
 func (c *cell) readAll(ctx context.Context, name string, n int64) ([]redis.XMessage, error) {
+	// As a pelguard consumer would, name registers first (the naive
+	// monitor ignores it; pelguard's reaper leaves unregistered owners alone).
+	if err := consumer.Register(ctx, c.rdb, c.stream, c.group, name, c.clk.Now()); err != nil {
+		return nil, err
+	}
 	res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: c.group, Consumer: name,
 		Streams: []string{c.stream, ">"}, Count: n, Block: -1}).Result()
 	if err != nil {

@@ -174,7 +174,7 @@ func (hb *heartbeat) register(ctx context.Context) {
 	if hb.stream == "" {
 		return
 	}
-	if err := register(ctx, hb.rdb, hb.stream, hb.group, hb.name, hb.ledger.Now()); err != nil && ctx.Err() == nil {
+	if err := Register(ctx, hb.rdb, hb.stream, hb.group, hb.name, hb.ledger.Now()); err != nil && ctx.Err() == nil {
 		hb.logger.WarnContext(ctx, "heartbeat: registering liveness failed", slog.Any("error", err))
 	}
 }

@@ -23,8 +23,9 @@ func LivenessKey(stream, group string) string {
 	return stream + ":pelguard:consumers:" + group
 }
 
-// register records that name is alive now.
-func register(ctx context.Context, rdb redis.UniversalClient, stream, group, name string, now time.Time) error {
+// Register records that name is alive now. Consumers and re-drives call it
+// on every heartbeat; tests call it to stand in for a pelguard consumer.
+func Register(ctx context.Context, rdb redis.UniversalClient, stream, group, name string, now time.Time) error {
 	if err := rdb.HSet(ctx, LivenessKey(stream, group), name, now.UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("registering consumer %s on %s/%s: %w", name, stream, group, err)
 	}

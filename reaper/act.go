@@ -48,6 +48,9 @@ func (r *Reaper) act(ctx, workCtx context.Context, st *streamState, entries []*e
 			claims = append(claims, e)
 		case KindLeaseLive, KindInFlight:
 			r.record(p, r.decision(st, e.pe, e.v))
+		case KindUnregistered:
+			st.noteUnregistered(e.pe.Consumer)
+			r.record(p, r.decision(st, e.pe, e.v))
 		default:
 			return fmt.Errorf("reaper: no action for %s's decision %q", e.pe.ID, e.v.Kind)
 		}

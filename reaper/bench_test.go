@@ -164,6 +164,9 @@ func (bb *bundle) seedPEL(b *testing.B, n int, m mix, withLedger bool) {
 			b.Fatal(err)
 		}
 	}
+	if err := consumer.Register(ctx, bb.rdb, bb.stream, bb.group, deadName, time.Now()); err != nil {
+		b.Fatal(err)
+	}
 	if err := bb.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: bb.group, Consumer: deadName,
 		Streams: []string{bb.stream, ">"}, Count: int64(n), Block: -1}).Err(); err != nil {
 		b.Fatal(err)

@@ -36,16 +36,22 @@ type decideInput struct {
 	HasRow bool
 	// Now judges ledger leases.
 	Now time.Time
+	// OwnerUnknown: the entry's owner never registered as a pelguard
+	// consumer and is not among Config.StoppedConsumers.
+	OwnerUnknown bool
 }
 
 // decideConfig is the part of Config a decision depends on.
 type decideConfig struct {
 	MaxDeliveries int64
 	Rules         event.Rules
+	// Imported are the periods `consumer import` has run for: their old
+	// consumers are known to be stopped (the runbook stops them first).
+	Imported map[string]bool
 }
 
 func (r *Reaper) decideConfig() decideConfig {
-	return decideConfig{MaxDeliveries: r.cfg.MaxDeliveries, Rules: r.cfg.Rules}
+	return decideConfig{MaxDeliveries: r.cfg.MaxDeliveries, Rules: r.cfg.Rules, Imported: r.imported}
 }
 
 // verdict is decideEntry's answer: a Kind and what act needs to carry it out
@@ -98,6 +104,12 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 	}
 	v := verdict{Key: ledger.EventKey(ev).String()}
 	switch {
+	case in.OwnerUnknown && !cfg.Imported[ev.BillingPeriod]:
+		// A consumer without a heartbeat: inside a slow Stripe call or
+		// dead, nobody can tell. Never touch its entries ("reclaim while in
+		// flight") until an operator says it is stopped.
+		v.Kind = KindUnregistered
+		v.Reason = "owner " + pe.Consumer + " never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for " + ev.BillingPeriod
 	case hasRow && rec.Status.Terminal():
 		if rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents || rec.Currency != ev.Currency {
 			// A different charge for a billed customer and period: never

@@ -128,6 +128,14 @@ func TestDecideEntry(t *testing.T) {
 		{name: "claim: pending row without a lease",
 			in:   in(canonical, row(ledger.StatusPending, nil), 1),
 			want: verdict{Kind: KindClaim, Key: "c_1/2026-11"}},
+		{name: "unregistered owner: left alone, even with a billed row",
+			in: with(in(canonical, row(ledger.StatusCharged, nil), 1), func(d *decideInput) { d.OwnerUnknown = true }),
+			want: verdict{Kind: KindUnregistered, Key: "c_1/2026-11",
+				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for 2026-11"}},
+		{name: "unregistered owner of an entry with no row: never claimed",
+			in: with(in(canonical, nil, 99), func(d *decideInput) { d.OwnerUnknown = true }),
+			want: verdict{Kind: KindUnregistered, Key: "c_1/2026-11",
+				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for 2026-11"}},
 		// Not decisions: the row given is not the payload's.
 		{name: "quick reading found no key: ask for the row",
 			in:   with(in(reordered, nil, 1), func(d *decideInput) { d.RowKey = ledger.Key{} }),
@@ -198,5 +206,31 @@ func TestDecideEntryOnTheRowItAskedFor(t *testing.T) {
 	in.HasRow = true
 	if v := decideEntry(cfg, in); v.Kind != KindAlreadyBilled || v.NeedRow {
 		t.Fatalf("second verdict %+v, want already_billed", v)
+	}
+}
+
+// Once `consumer import` has run for the entry's period, an unregistered
+// owner's entries are decided like a dead pelguard consumer's: after the
+// ledger check.
+func TestDecideUnregisteredOwnerOfAnImportedPeriod(t *testing.T) {
+	t.Parallel()
+	ev := event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 2500, BillingPeriod: "2026-11", Currency: "usd"}
+	key := ledger.EventKey(ev)
+	cfg := decideConfig{MaxDeliveries: 10, Imported: map[string]bool{"2026-11": true}}
+	base := decideInput{Pending: redis.XPendingExt{ID: "1-0", Consumer: "worker-1", RetryCount: 1},
+		Fields: map[string]any{event.PayloadField: ev.Payload()}, RowKey: key, OwnerUnknown: true}
+	if got := decideEntry(cfg, base); got.Kind != KindClaim {
+		t.Fatalf("no row, period imported: %s, want claim", got.Kind)
+	}
+	billed := base
+	billed.Row, billed.HasRow = ledger.Record{Key: key, StripeCustomerID: "cus_1", AmountCents: 2500, Currency: "usd", Status: ledger.StatusCharged}, true
+	if got := decideEntry(cfg, billed); got.Kind != KindAlreadyBilled {
+		t.Fatalf("imported row: %s, want already_billed", got.Kind)
+	}
+	other := base
+	other.Fields = map[string]any{event.PayloadField: event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 2500, BillingPeriod: "2026-12", Currency: "usd"}.Payload()}
+	other.RowKey = ledger.Key{CustomerID: "c_1", BillingPeriod: "2026-12"}
+	if got := decideEntry(cfg, other); got.Kind != KindUnregistered {
+		t.Fatalf("a period not imported: %s, want unregistered_consumer", got.Kind)
 	}
 }

@@ -43,6 +43,12 @@ const (
 	// KindError: a Redis or ledger call for the entry failed; it stays
 	// pending and the next pass tries again.
 	KindError Kind = "error"
+	// KindUnregistered: the entry's owner never registered as a pelguard
+	// consumer (a team's consumer, which has no heartbeat: dead and slow
+	// look the same) and nobody said it is stopped (--stopped-consumers, or
+	// `consumer import` for the entry's period). Left alone, counted,
+	// warned about every pass and alerted once.
+	KindUnregistered Kind = "unregistered_consumer"
 	// KindRemoveConsumer: an idle consumer with nothing pending was removed
 	// from the group (hygiene). ID is empty; Consumer names it.
 	KindRemoveConsumer Kind = "remove_consumer"
@@ -53,7 +59,7 @@ const (
 // kind. Each call returns a new slice.
 func Kinds() []Kind {
 	return []Kind{KindGone, KindInvalid, KindAlreadyBilled, KindConflict, KindLeaseLive, KindMaxDeliveries,
-		KindClaim, KindRedriven, KindClaimLost, KindInFlight, KindError, KindRemoveConsumer}
+		KindClaim, KindRedriven, KindClaimLost, KindInFlight, KindUnregistered, KindError, KindRemoveConsumer}
 }
 
 // Decision is one line of the reaper's account: what it saw and what it did

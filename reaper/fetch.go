@@ -23,6 +23,8 @@ type entry struct {
 	gone   bool
 	rowKey ledger.Key // the key the ledger was asked about; zero when none could be read
 	v      verdict
+	// ownerUnknown: the owner is not a registered pelguard consumer.
+	ownerUnknown bool
 }
 
 // pageRows are the ledger rows fetched for a page's entries.
@@ -30,7 +32,7 @@ type pageRows map[ledger.Key]ledger.Record
 
 // input is what decideEntry needs to know about e.
 func (e *entry) input(rows pageRows, now time.Time) decideInput {
-	in := decideInput{Pending: e.pe, Gone: e.gone, Fields: e.msg.Values, RowKey: e.rowKey, Now: now}
+	in := decideInput{Pending: e.pe, Gone: e.gone, Fields: e.msg.Values, RowKey: e.rowKey, Now: now, OwnerUnknown: e.ownerUnknown}
 	in.Row, in.HasRow = rows[e.rowKey]
 	return in
 }

@@ -134,9 +134,14 @@ func (b *bundle) add(t testing.TB, evs ...event.Event) []string {
 }
 
 // read delivers up to n new entries to consumer name, as XREADGROUP does
-// for a consumer that then dies.
+// for a pelguard consumer (registered, see consumer.Register) that then
+// dies.
 func (b *bundle) read(t testing.TB, name string, n int64) []redis.XMessage {
 	t.Helper()
+	if err := consumer.Register(context.Background(), b.rdb, b.stream, b.group, name, b.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.CleanupKeys(t, b.rdb, consumer.LivenessKey(b.stream, b.group))
 	res, err := b.rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{Group: b.group, Consumer: name,
 		Streams: []string{b.stream, ">"}, Count: n, Block: -1}).Result()
 	if err != nil {

@@ -84,6 +84,10 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 // so pages never race on the same entry.
 func (r *Reaper) reapStream(ctx, workCtx context.Context, st *streamState, p *pass, wg *sync.WaitGroup) error {
 	rdb := r.cfg.Redis
+	if err := r.loadLiveness(ctx, st); err != nil {
+		return err
+	}
+	defer r.reportUnregistered(ctx, st)
 	start := "-"
 	var oldest time.Duration
 	pages := make(chan struct{}, r.cfg.PageWorkers)
@@ -191,6 +195,7 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 			continue
 		}
 		items[i].pe = pe
+		items[i].ownerUnknown = r.ownerUnknown(st, pe.Consumer)
 		entries = append(entries, &items[i])
 	}
 	if len(entries) == 0 {

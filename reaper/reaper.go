@@ -115,6 +115,13 @@ type Config struct {
 	Rules         event.Rules
 	// OmitChargeMetadata: see consumer.Config; it must match the consumers'.
 	OmitChargeMetadata bool
+	// StoppedConsumers names group members that never registered as
+	// pelguard consumers (a team's old consumers) and are known to be
+	// stopped: their entries are decided like a dead pelguard consumer's.
+	// Without it (or `consumer import` for the entry's period) such
+	// entries are left alone: a consumer without a heartbeat looks the
+	// same dead as inside a slow Stripe call.
+	StoppedConsumers []string
 
 	// OnDecision, if set, is called for every decision, from the pass's
 	// goroutine and from re-drive goroutines: it must be safe for concurrent
@@ -207,12 +214,25 @@ type Reaper struct {
 	mu       sync.Mutex
 	inFlight map[string]bool // stream + "\x00" + id
 	ledger   *ledger.Ledger
+	// imported is the set of periods with imported history, read each pass;
+	// stopped is Config.StoppedConsumers; alerted, the unregistered
+	// consumers already named in an alert.
+	imported map[string]bool
+	stopped  map[string]bool
+	alerted  map[string]bool
 	svc      startstop.Service
 }
 
 type streamState struct {
 	StreamGroup
 	proc *consumer.Processor // nil in dry-run
+
+	// Read at the start of each pass (passes never overlap): the group's
+	// registered pelguard consumers, and the owners of this pass's
+	// unregistered_consumer entries with their counts.
+	registered   map[string]bool
+	unregistered map[string]int
+	unregMu      sync.Mutex
 }
 
 // New validates cfg and builds a Reaper.
@@ -231,6 +251,8 @@ func New(cfg Config) (*Reaper, error) {
 	r := &Reaper{
 		cfg:      cfg,
 		ledger:   ledger.New(cfg.DB, cfg.Schema, cfg.Clock),
+		stopped:  stoppedSet(cfg.StoppedConsumers),
+		alerted:  map[string]bool{},
 		slots:    make(chan struct{}, cfg.Workers),
 		inFlight: map[string]bool{},
 	}

@@ -62,6 +62,10 @@ func abandoned(t *testing.T) world {
 	if err := w.rdb.XAdd(ctx, &redis.XAddArgs{Stream: w.stream, Values: map[string]any{"payload": e.Payload()}}).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// A pelguard consumer that registered, read and died.
+	if err := consumer.Register(ctx, w.rdb, w.stream, w.group, "dead", time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: w.group, Consumer: "dead",
 		Streams: []string{w.stream, ">"}, Count: 10, Block: -1}).Err(); err != nil {
 		t.Fatal(err)

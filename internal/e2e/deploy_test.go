@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -112,6 +113,9 @@ func TestDashboardMetricsExist(t *testing.T) {
 
 	// A dead consumer leaves one entry pending; the reaper re-drives it.
 	add(event.Event{CustomerID: "c_2", StripeCustomerID: "cus_2", AmountCents: 100, BillingPeriod: "2026-11", Currency: "usd"}.Payload())
+	if err := consumer.Register(ctx, rdb, stream, "billing-group", "dead", time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "billing-group", Consumer: "dead", Streams: []string{stream, ">"}, Count: 1}).Result(); err != nil {
 		t.Fatal(err)
 	}

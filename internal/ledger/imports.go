@@ -18,6 +18,27 @@ type importedCache struct {
 	periods map[string]bool
 }
 
+// ImportedPeriods is every period with imported history (read fresh).
+func (l *Ledger) ImportedPeriods(ctx context.Context) (map[string]bool, error) {
+	rows, err := l.pool.Query(ctx, `SELECT billing_period FROM {schema}.imported_periods`)
+	if err != nil {
+		return nil, fmt.Errorf("reading imported periods: %w", err)
+	}
+	defer rows.Close()
+	m := map[string]bool{}
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		m[p] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading imported periods: %w", err)
+	}
+	return m, nil
+}
+
 // HasImportedHistory reports whether `consumer import` has brought history
 // into period: pelguard cannot then prove from its own ledger that a key of
 // that period was never charged, and asks Stripe before charging
@@ -27,21 +48,9 @@ func (l *Ledger) HasImportedHistory(ctx context.Context, period string) (bool, e
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.periods == nil || time.Since(c.read) > importedCacheTTL {
-		rows, err := l.pool.Query(ctx, `SELECT billing_period FROM {schema}.imported_periods`)
+		m, err := l.ImportedPeriods(ctx)
 		if err != nil {
-			return false, fmt.Errorf("reading imported periods: %w", err)
-		}
-		defer rows.Close()
-		m := map[string]bool{}
-		for rows.Next() {
-			var p string
-			if err := rows.Scan(&p); err != nil {
-				return false, err
-			}
-			m[p] = true
-		}
-		if err := rows.Err(); err != nil {
-			return false, fmt.Errorf("reading imported periods: %w", err)
+			return false, err
 		}
 		c.periods, c.read = m, time.Now()
 	}
