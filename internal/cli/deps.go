@@ -34,46 +34,86 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 	fs.StringVar(dst, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger [DATABASE_URL]")
 }
 
-// OpenRedis parses url and pings the server. A redis+cluster:// URL (see
-// ParseClusterURL) gives a *redis.ClusterClient, anything else a single-node
-// client.
-func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+// NewRedis builds a client from url without connecting, and the Dep that
+// waits for it (Waiter.Wait). A redis+cluster:// URL (see ParseClusterURL)
+// gives a *redis.ClusterClient, anything else a single-node client. A URL
+// that does not parse is a UsageError.
+func NewRedis(url string) (redis.UniversalClient, Dep, error) {
 	c, addr, err := newRedisClient(url)
 	if err != nil {
-		return nil, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
+		Ping: func(ctx context.Context) error { return c.Ping(ctx).Err() }}, nil
+}
+
+// OpenRedis is NewRedis and one try: for commands that run once and for
+// the drill.
+func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+	c, dep, err := NewRedis(url)
+	if err != nil {
+		return nil, err
+	}
+	if err := (Waiter{}).Wait(ctx, dep); err != nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("connecting to Redis at %s (is it running? is REDIS_URL right?): %w", addr, redact.Error(err))
+		return nil, err
 	}
 	return c, nil
 }
 
-// OpenDB opens the ledger's pool and refuses a schema with pending
-// migrations, naming the command that fixes it.
+// NewDB builds the ledger's pool without connecting (pgxpool connects on
+// first use), and the Dep that waits for it. maxConns <= 0 keeps pgx's
+// default. A URL that does not parse is a UsageError.
+func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+	}
+	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
+		Ping: pool.Ping, TryTimeout: 10 * time.Second}, nil
+}
+
+// OpenDB is NewDB, one try and CheckSchema: for commands that run once.
 func OpenDB(ctx context.Context, prog, url string, maxConns int32) (*pgxpool.Pool, error) {
-	pool, err := pg.Open(ctx, url, maxConns)
+	pool, dep, err := NewDB(url, maxConns)
 	if err != nil {
 		return nil, err
 	}
-	m, err := migrations.New(pool, nil)
-	if err != nil {
+	if err := (Waiter{}).Wait(ctx, dep); err != nil {
 		pool.Close()
 		return nil, err
+	}
+	if err := CheckSchema(ctx, prog, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// CheckSchema refuses a ledger schema with pending migrations, naming the
+// command that fixes it.
+func CheckSchema(ctx context.Context, prog string, pool *pgxpool.Pool) error {
+	m, err := migrations.New(pool, nil)
+	if err != nil {
+		return err
 	}
 	defer m.Close()
 	pending, err := m.Pending(ctx)
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
+		return fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
 	}
 	if pending {
-		pool.Close()
-		return nil, Usagef("the ledger schema is not up to date: run `%s migrate up` first", prog)
+		return Usagef("the ledger schema is not up to date: run `%s migrate up` first", prog)
 	}
-	return pool, nil
+	return nil
 }
 
 // Stripe flags, shared by every binary that calls Stripe.
@@ -89,7 +129,7 @@ type Stripe struct {
 
 // Register adds the Stripe flags.
 func (s *Stripe) Register(fs *flag.FlagSet) {
-	fs.StringVar(&s.APIKey, "stripe-key", Env("STRIPE_API_KEY", ""), "Stripe secret or restricted key; prefer the environment [STRIPE_API_KEY]")
+	SecretVar(fs, &s.APIKey, "stripe-key", Env("STRIPE_API_KEY", ""), "Stripe secret or restricted key; prefer the environment [STRIPE_API_KEY]")
 	fs.StringVar(&s.APIBase, "stripe-api-base", Env("STRIPE_API_BASE", ""), "Stripe API base URL; empty is Stripe itself (tests: the emulator) [STRIPE_API_BASE]")
 	fs.StringVar(&s.Mode, "stripe-mode", Env("STRIPE_MODE", "payment_intents"), "how charges are made: payment_intents or charges [STRIPE_MODE]")
 	fs.IntVar(&s.MaxRetries, "stripe-retries", EnvInt("STRIPE_MAX_RETRIES", 2), "stripe-go's own retries per call (same idempotency key)")
@@ -98,17 +138,25 @@ func (s *Stripe) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&s.AllowUnrestrictedKey, "allow-unrestricted-key", false, "accept an unrestricted live key (sk_live_); use a restricted rk_ key instead")
 }
 
-// Client validates the flags and builds the adapter.
-func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+// Validate checks the flags without building a client.
+func (s *Stripe) Validate() error {
 	switch {
 	case s.APIKey == "":
-		return nil, Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
+		return Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
 	case s.Mode != "payment_intents" && s.Mode != "charges":
-		return nil, Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
+		return Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:
-		return nil, Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
+		return Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
 	case s.RateLimit < 0:
-		return nil, Usagef("--stripe-rate must not be negative")
+		return Usagef("--stripe-rate must not be negative")
+	}
+	return nil
+}
+
+// Client validates the flags and builds the adapter.
+func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
 	}
 	c, err := stripeapi.New(stripeapi.Config{
 		APIKey: s.APIKey, AllowUnrestrictedKey: s.AllowUnrestrictedKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
@@ -130,8 +178,8 @@ type Slack struct {
 
 // Register adds the Slack flags (environment variables are the usual way).
 func (s *Slack) Register(fs *flag.FlagSet) {
-	fs.StringVar(&s.WebhookURL, "slack-webhook-url", "", "Slack incoming webhook URL [SLACK_WEBHOOK_URL]")
-	fs.StringVar(&s.BotToken, "slack-bot-token", "", "Slack bot token, with --slack-channel [SLACK_BOT_TOKEN]")
+	SecretVar(fs, &s.WebhookURL, "slack-webhook-url", "", "Slack incoming webhook URL [SLACK_WEBHOOK_URL]")
+	SecretVar(fs, &s.BotToken, "slack-bot-token", "", "Slack bot token, with --slack-channel [SLACK_BOT_TOKEN]")
 	fs.StringVar(&s.Channel, "slack-channel", "", "Slack channel for the bot token [SLACK_CHANNEL]")
 }
 
