@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +43,20 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+var opsAddr = regexp.MustCompile(`serving /metrics, /healthz, /readyz"? addr=([0-9.:]+)`)
+
+func get(t *testing.T, u string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	resp, err := c.Get(u)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // freeAddr returns a loopback address nothing listens on (yet): a
@@ -115,7 +131,8 @@ func withHost(t *testing.T, raw, host string) (string, string) {
 
 // Started while Postgres is unreachable (nothing listens on its address for
 // the first 5 s), the consumer waits — one log line per failed try, without
-// the password — then runs, bills the event once, and stops cleanly.
+// the password; /healthz up, /readyz "starting" — then runs, bills the
+// event once, exports pelguard_build_info, and stops cleanly.
 func TestWaitsForPostgresThenBills(t *testing.T) {
 	t.Parallel()
 	_, realURL := testenv.DBWithURL(t)
@@ -141,13 +158,33 @@ func TestWaitsForPostgresThenBills(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"--stream", stream, "--redis-url", testenv.RedisURL(), "--database-url", dbURL,
-			"--stripe-key", testKey, "--stripe-api-base", sim.URL(), "--metrics-addr", "", "--block", "100ms",
+			"--stripe-key", testKey, "--stripe-api-base", sim.URL(), "--metrics-addr", "127.0.0.1:0", "--block", "100ms",
 			"--wait-for-deps", "30s"}, &out, &logs)
 	}()
+	var ops string
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		m := opsAddr.FindStringSubmatch(logs.String())
+		if m != nil {
+			ops = "http://" + m[1]
+		}
+		return m != nil && strings.Contains(logs.String(), "waiting for Postgres")
+	}, "serving /healthz while waiting:\n%s", &logs)
+	if code, _ := get(t, ops+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz %d while waiting: the process is up", code)
+	}
+	if code, body := get(t, ops+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting: not ready") {
+		t.Errorf("/readyz %d %q while waiting, want 503 starting", code, body)
+	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return sim.SucceededCharges("c_late", "2026-11") == 1 },
 		"the event billed once Postgres is up:\n%s", &logs)
 	if now := time.Now(); now.Before(upAt) {
 		t.Fatalf("billed at %s, before Postgres was up at %s", now, upAt)
+	}
+	if code, body := get(t, ops+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d %q once running", code, body)
+	}
+	if _, body := get(t, ops+"/metrics"); !regexp.MustCompile(`pelguard_build_info\{[^}]*role="consumer"[^}]*\} 1`).MatchString(body) {
+		t.Errorf("no pelguard_build_info for the consumer role on /metrics")
 	}
 	stop()
 	select {
