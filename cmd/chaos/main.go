@@ -38,6 +38,10 @@ func (s *scenarios) Set(v string) error {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "version" || cli.IsVersionFlag(args[0])) {
+		cli.PrintVersion(stdout, "chaos")
+		return cli.ExitOK
+	}
 	var desc strings.Builder
 	desc.WriteString("Runs each scenario twice, with the seed's naive consumer and XAUTOCLAIM monitor and with\n" +
 		"pelguard (consumer + reaper), then the auditor over each (--legacy for the naive charges) and\n" +
@@ -101,7 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if runErr != nil {
-		return cli.Fail(stderr, "chaos", runErr)
+		cli.Fail(stderr, "chaos", runErr)
+		return cli.ExitError // the drill's contract: 2 when it could not run, whatever the reason
 	}
 	if f := rep.Failures(); len(f) > 0 {
 		fmt.Fprintln(stderr, "chaos: VERDICT FAILED:")

@@ -22,52 +22,6 @@ import (
 
 const testKey = "sk_test_DoNotPrintMe0123456789"
 
-func TestBadFlagsExit2(t *testing.T) {
-	t.Parallel()
-	for _, args := range [][]string{
-		{"--no-such-flag"},
-		{"--log-format", "xml"},
-		{"cap", "set", "--period", "2026-11"},
-		{"migrate", "sideways"},
-		{"unexpected-arg"},
-		{"--stream", "a,a"},
-		{"--stream", "a=", "--stream", "b"},
-	} {
-		var out, errb bytes.Buffer
-		if code := run(context.Background(), args, &out, &errb); code != 2 {
-			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
-		}
-		if errb.Len() == 0 {
-			t.Errorf("%v: no message", args)
-		}
-	}
-	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--require-cap") {
-		t.Errorf("--help: exit %d: %s", code, errb.String())
-	}
-}
-
-func TestCapCommands(t *testing.T) {
-	t.Parallel()
-	_, url := testenv.DBWithURL(t)
-	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"cap", "set", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--period", "2026-11", "--cents", "1375000"}, &out, &errb); code != 0 {
-		t.Fatalf("cap set: %d %s", code, errb.String())
-	}
-	out.Reset()
-	if code := run(context.Background(), []string{"cap", "show", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 {
-		t.Fatalf("cap show: %d %s", code, errb.String())
-	}
-	if !strings.Contains(out.String(), "2026-11") || !strings.Contains(out.String(), "13750.00") {
-		t.Fatalf("cap show output:\n%s", out.String())
-	}
-	out.Reset()
-	if code := run(context.Background(), []string{"migrate", "status", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 ||
-		strings.Contains(out.String(), "pending") || !strings.Contains(out.String(), "applied") {
-		t.Fatalf("migrate status: %d\n%s%s", code, out.String(), errb.String())
-	}
-}
-
 // The binary consumes, and on SIGTERM finishes the Stripe call in flight and
 // exits 0. Its output never carries the Stripe key it was given.
 func TestBinarySIGTERM(t *testing.T) {
@@ -210,38 +164,4 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(buildDir)
 	}
 	os.Exit(code)
-}
-
-func TestReplayCommand(t *testing.T) {
-	t.Parallel()
-	rdb := testenv.Redis(t)
-	stream, other := testenv.Name(t, "billing"), testenv.Name(t, "other")
-	testenv.CleanupKeys(t, rdb, stream, stream+":dead", other, other+":dead")
-	ctx := context.Background()
-	for _, d := range []struct{ stream, reason string }{
-		{stream, "spend_cap"}, {stream, "not_json"}, {stream, "spend_cap"}, {other, "spend_cap"},
-	} {
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: d.stream + ":dead", Values: map[string]any{"payload": "{}", "reason": d.reason, "source_id": "1-0"}}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var out, errb bytes.Buffer
-	// Two streams in one value, as PELGUARD_STREAM lists a consumer's shards.
-	args := []string{"replay", "--redis-url", testenv.RedisURL(), "--stream", stream + "," + other, "--reason", "spend_cap"}
-	if code := run(ctx, append(args, "--dry-run"), &out, &errb); code != 0 || !strings.Contains(out.String(), "would replay 2 dead letter(s) onto "+stream) ||
-		!strings.Contains(out.String(), "would replay 1 dead letter(s) onto "+other) {
-		t.Fatalf("dry run: %d %s %s", code, out.String(), errb.String())
-	}
-	out.Reset()
-	if code := run(ctx, args, &out, &errb); code != 0 || !strings.Contains(out.String(), "replayed 2") {
-		t.Fatalf("replay: %d %s %s", code, out.String(), errb.String())
-	}
-	for s, want := range map[string][2]int64{stream: {2, 1}, other: {1, 0}} {
-		if n, _ := rdb.XLen(ctx, s).Result(); n != want[0] {
-			t.Errorf("%s: %d entries replayed onto the stream, want %d", s, n, want[0])
-		}
-		if n, _ := rdb.XLen(ctx, s+":dead").Result(); n != want[1] {
-			t.Errorf("%s: %d dead letters left, want %d", s, n, want[1])
-		}
-	}
 }

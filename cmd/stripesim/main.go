@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/stripesim"
 )
 
@@ -30,6 +31,11 @@ func (r rkFlags) Set(v string) error {
 }
 
 func main() {
+	// `stripesim version` and --version answer without starting a server.
+	if len(os.Args) > 1 && (os.Args[1] == "version" || cli.IsVersionFlag(os.Args[1])) {
+		cli.PrintVersion(os.Stdout, "stripesim")
+		return
+	}
 	rks := rkFlags{}
 	addr := flag.String("addr", "127.0.0.1:12111", "listen address")
 	latency := flag.Duration("latency", 0, "fixed latency added to every /v1 request")
@@ -39,6 +45,7 @@ func main() {
 	flag.Var(rks, "rk", "restricted key and its permissions, e.g. rk_test_auditor=charges_read,payment_intents_read (repeatable)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `Usage: stripesim [flags]
+       stripesim version | --version
 
 Runs an in-memory Stripe emulator. Point stripe-go at it with
 stripe.BackendConfig{URL: stripe.String("http://<addr>")} and any sk_test_ key.
@@ -51,6 +58,10 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "stripesim: unexpected argument %q (the only command is version)\n", flag.Arg(0))
+		os.Exit(2)
+	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	srv, err := stripesim.New(stripesim.Config{

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -21,11 +22,19 @@ import (
 	"github.com/pelguard/pelguard/internal/redact"
 )
 
-// Exit codes shared by every binary.
+// Exit codes shared by every binary. A supervisor (systemd, Kubernetes)
+// can tell them apart: 2 will fail again until someone changes the
+// configuration, 3 may pass on a later start.
 const (
 	ExitOK       = 0
-	ExitFindings = 1 // the auditor: findings exist
-	ExitError    = 2 // bad flags, bad config, unreachable dependency, failure
+	ExitFindings = 1 // the auditor: findings exist (or duplicates left unrefunded)
+	// ExitError: bad flags or configuration (a UsageError, a wrong password,
+	// a missing database, pending migrations), or a failure while running.
+	ExitError = 2
+	// ExitUnavailable: Redis or Postgres did not answer within
+	// --wait-for-deps (an UnavailableError). Nothing is wrong with the
+	// configuration as far as pelguard can tell; start again later.
+	ExitUnavailable = 3
 )
 
 // UsageError is a configuration mistake the user must fix; mains print it
@@ -88,13 +97,16 @@ func NewFlagSet(name, synopsis, description string, stderr io.Writer) *flag.Flag
 		fmt.Fprintf(stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, strings.TrimSpace(description))
 		fs.VisitAll(func(f *flag.Flag) {
 			name, usage := flag.UnquoteUsage(f)
+			if _, secret := f.Value.(*secretValue); secret && name == "value" {
+				name = "string"
+			}
 			line := "  --" + f.Name
 			if name != "" {
 				line += " " + name
 			}
 			fmt.Fprintf(stderr, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
 			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-				fmt.Fprintf(stderr, " (default %s)", redact.String(redactValue(f.Name, f.DefValue)))
+				fmt.Fprintf(stderr, " (default %s)", printableDefault(f))
 			}
 			fmt.Fprintln(stderr)
 		})
@@ -102,18 +114,33 @@ func NewFlagSet(name, synopsis, description string, stderr io.Writer) *flag.Flag
 	return fs
 }
 
-// redactValue hides flag defaults that are secrets whatever they look like.
-func redactValue(name, v string) string {
-	n := strings.ToLower(name)
-	if strings.Contains(n, "key") || strings.Contains(n, "token") || strings.Contains(n, "webhook") {
-		if v != "" {
-			return redact.Mask
-		}
+// SecretVar defines a string flag whose value is a secret (a key, a token,
+// a URL that is itself a credential). --help prints its default, which
+// usually comes from the environment, as [REDACTED], whatever it looks
+// like. Every secret-bearing flag is registered this way: the usage printer
+// decides by this marker, not by the flag's name.
+func SecretVar(fs *flag.FlagSet, p *string, name, value, usage string) {
+	*p = value
+	fs.Var((*secretValue)(p), name, usage)
+}
+
+// secretValue is a string flag marked secret for the usage printer.
+type secretValue string
+
+func (s *secretValue) String() string     { return string(*s) }
+func (s *secretValue) Set(v string) error { *s = secretValue(v); return nil }
+
+// printableDefault is a flag's default for --help: masked whole for a
+// secret flag, its password masked for a URL, and in every case passed
+// through redact.String, which catches a secret pasted into any other flag.
+func printableDefault(f *flag.Flag) string {
+	if _, secret := f.Value.(*secretValue); secret {
+		return redact.Mask
 	}
-	if strings.Contains(n, "url") {
-		return redact.URL(v)
+	if u, err := url.Parse(f.DefValue); err == nil && u.Scheme != "" && u.Host != "" {
+		return redact.URL(f.DefValue)
 	}
-	return v
+	return redact.String(f.DefValue)
 }
 
 // Parse parses args. -h/--help prints usage and returns flag.ErrHelp.
@@ -139,21 +166,31 @@ func (l *Logging) Register(fs *flag.FlagSet) {
 	fs.StringVar(&l.Level, "log-level", Env("LOG_LEVEL", "info"), "log level: debug, info, warn, error [LOG_LEVEL]")
 }
 
+// Validate checks the flags without building a logger.
+func (l *Logging) Validate() error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.Level)); err != nil {
+		return Usagef("--log-level %q: want debug, info, warn or error", l.Level)
+	}
+	if l.Format != "text" && l.Format != "json" {
+		return Usagef("--log-format %q: want text or json", l.Format)
+	}
+	return nil
+}
+
 // Logger builds the logger. Every record passes through redaction, so a
 // secret inside a library's error never reaches the log.
 func (l *Logging) Logger(w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(l.Level)); err != nil {
-		return nil, Usagef("--log-level %q: want debug, info, warn or error", l.Level)
+	if err := l.Validate(); err != nil {
+		return nil, err
 	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(l.Level)) // checked by Validate
 	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: redactAttr}
-	switch l.Format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
+	if l.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, Usagef("--log-format %q: want text or json", l.Format)
+	return slog.New(slog.NewTextHandler(w, opts)), nil
 }
 
 func redactAttr(_ []string, a slog.Attr) slog.Attr {
@@ -172,12 +209,22 @@ func redactAttr(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// SignalContext is cancelled on SIGINT or SIGTERM.
+// SignalContext is cancelled on the first SIGINT or SIGTERM: the binary
+// stops gracefully. The signals' default action returns then, so a second
+// one ends the process at once (the entries in flight stay pending, safe to
+// redeliver).
 func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return ctx, stop
 }
 
-// Fail prints err for a human and returns the exit code.
+// Fail prints err for a human and returns the exit code: ExitOK for
+// flag.ErrHelp (the usage was asked for and printed), ExitUnavailable for an
+// UnavailableError, ExitError for anything else.
 func Fail(stderr io.Writer, prog string, err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return ExitOK
@@ -186,6 +233,10 @@ func Fail(stderr io.Writer, prog string, err error) int {
 	var ue *UsageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", prog)
+	}
+	var unavailable *UnavailableError
+	if errors.As(err, &unavailable) {
+		return ExitUnavailable
 	}
 	return ExitError
 }

@@ -34,51 +34,87 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 	fs.StringVar(dst, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger [DATABASE_URL]")
 }
 
-// RegisterSchema adds --db-schema, the schema of pelguard's tables.
-func RegisterSchema(fs *flag.FlagSet, dst *string) {
-	fs.StringVar(dst, "db-schema", Env("PELGUARD_DB_SCHEMA", migrations.DefaultSchema),
-		"Postgres schema of pelguard's tables; `migrate up` creates it, nothing outside it is touched [PELGUARD_DB_SCHEMA]")
-}
-
-// OpenRedis parses url and pings the server. A redis+cluster:// URL (see
-// ParseClusterURL) gives a *redis.ClusterClient, anything else a single-node
-// client.
-func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+// NewRedis builds a client from url without connecting, and the Dep that
+// waits for it (Waiter.Wait). A redis+cluster:// URL (see ParseClusterURL)
+// gives a *redis.ClusterClient, anything else a single-node client. A URL
+// that does not parse is a UsageError.
+func NewRedis(url string) (redis.UniversalClient, Dep, error) {
 	c, addr, err := newRedisClient(url)
 	if err != nil {
-		return nil, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
+		Ping: func(ctx context.Context) error { return c.Ping(ctx).Err() }}, nil
+}
+
+// OpenRedis is NewRedis and one try: for commands that run once and for
+// the drill.
+func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+	c, dep, err := NewRedis(url)
+	if err != nil {
+		return nil, err
+	}
+	if err := (Waiter{}).Wait(ctx, dep); err != nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("connecting to Redis at %s (is it running? is REDIS_URL right?): %w", addr, redact.Error(err))
+		return nil, err
 	}
 	return c, nil
 }
 
-// OpenDB opens the ledger's pool and refuses to start on a database that
-// is not ready, naming the command that fixes it: migrations pending in
-// schema, a ledger an earlier version left in public, or a search_path in
-// the URL that names another schema. It writes nothing.
+// NewDB builds the ledger's pool without connecting (pgxpool connects on
+// first use), and the Dep that waits for it. maxConns <= 0 keeps pgx's
+// default. A URL that does not parse is a UsageError.
+func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+	}
+	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
+		Ping: pool.Ping, TryTimeout: 10 * time.Second}, nil
+}
+
+// OpenDB is CheckSchemaFlag, NewDB, one try and CheckSchema: for commands
+// that run once.
 func OpenDB(ctx context.Context, prog, url, schema string, maxConns int32) (*pgxpool.Pool, error) {
 	if err := CheckSchemaFlag(url, schema); err != nil {
 		return nil, err
 	}
-	pool, err := pg.Open(ctx, url, maxConns)
+	pool, dep, err := NewDB(url, maxConns)
 	if err != nil {
 		return nil, err
 	}
-	st, err := migrations.Check(ctx, pool, schema)
-	if err != nil {
+	if err := (Waiter{}).Wait(ctx, dep); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
+		return nil, err
 	}
-	if err := st.Err(prog); err != nil {
+	if err := CheckSchema(ctx, prog, pool, schema); err != nil {
 		pool.Close()
-		return nil, Usagef("%v", err)
+		return nil, err
 	}
 	return pool, nil
+}
+
+// CheckSchema refuses to start on a database that is not ready, naming
+// the command that fixes it: migrations pending in schema, or a ledger an
+// earlier version left in the connection's schema (public). It writes
+// nothing.
+func CheckSchema(ctx context.Context, prog string, pool *pgxpool.Pool, schema string) error {
+	st, err := migrations.Check(ctx, pool, schema)
+	if err != nil {
+		return fmt.Errorf("checking the ledger schema: %w", redact.Error(err))
+	}
+	if err := st.Err(prog); err != nil {
+		return Usagef("%v", err)
+	}
+	return nil
 }
 
 // CheckSchemaFlag validates --db-schema and refuses a DATABASE_URL whose
@@ -99,6 +135,12 @@ func CheckSchemaFlag(url, schema string) error {
 	return nil
 }
 
+// RegisterSchema adds --db-schema, the schema of pelguard's tables.
+func RegisterSchema(fs *flag.FlagSet, dst *string) {
+	fs.StringVar(dst, "db-schema", Env("PELGUARD_DB_SCHEMA", migrations.DefaultSchema),
+		"Postgres schema of pelguard's tables; `migrate up` creates it, nothing outside it is touched [PELGUARD_DB_SCHEMA]")
+}
+
 // Stripe flags, shared by every binary that calls Stripe.
 type Stripe struct {
 	APIKey               string
@@ -112,7 +154,7 @@ type Stripe struct {
 
 // Register adds the Stripe flags.
 func (s *Stripe) Register(fs *flag.FlagSet) {
-	fs.StringVar(&s.APIKey, "stripe-key", Env("STRIPE_API_KEY", ""), "Stripe secret or restricted key; prefer the environment [STRIPE_API_KEY]")
+	SecretVar(fs, &s.APIKey, "stripe-key", Env("STRIPE_API_KEY", ""), "Stripe secret or restricted key; prefer the environment [STRIPE_API_KEY]")
 	fs.StringVar(&s.APIBase, "stripe-api-base", Env("STRIPE_API_BASE", ""), "Stripe API base URL; empty is Stripe itself (tests: the emulator) [STRIPE_API_BASE]")
 	fs.StringVar(&s.Mode, "stripe-mode", Env("STRIPE_MODE", "payment_intents"), "how charges are made: payment_intents or charges [STRIPE_MODE]")
 	fs.IntVar(&s.MaxRetries, "stripe-retries", EnvInt("STRIPE_MAX_RETRIES", 2), "stripe-go's own retries per call (same idempotency key)")
@@ -121,17 +163,25 @@ func (s *Stripe) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&s.AllowUnrestrictedKey, "allow-unrestricted-key", false, "accept an unrestricted live key (sk_live_); use a restricted rk_ key instead")
 }
 
-// Client validates the flags and builds the adapter.
-func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+// Validate checks the flags without building a client.
+func (s *Stripe) Validate() error {
 	switch {
 	case s.APIKey == "":
-		return nil, Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
+		return Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
 	case s.Mode != "payment_intents" && s.Mode != "charges":
-		return nil, Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
+		return Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:
-		return nil, Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
+		return Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
 	case s.RateLimit < 0:
-		return nil, Usagef("--stripe-rate must not be negative")
+		return Usagef("--stripe-rate must not be negative")
+	}
+	return nil
+}
+
+// Client validates the flags and builds the adapter.
+func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
 	}
 	c, err := stripeapi.New(stripeapi.Config{
 		APIKey: s.APIKey, AllowUnrestrictedKey: s.AllowUnrestrictedKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
@@ -153,8 +203,8 @@ type Slack struct {
 
 // Register adds the Slack flags (environment variables are the usual way).
 func (s *Slack) Register(fs *flag.FlagSet) {
-	fs.StringVar(&s.WebhookURL, "slack-webhook-url", "", "Slack incoming webhook URL [SLACK_WEBHOOK_URL]")
-	fs.StringVar(&s.BotToken, "slack-bot-token", "", "Slack bot token, with --slack-channel [SLACK_BOT_TOKEN]")
+	SecretVar(fs, &s.WebhookURL, "slack-webhook-url", "", "Slack incoming webhook URL [SLACK_WEBHOOK_URL]")
+	SecretVar(fs, &s.BotToken, "slack-bot-token", "", "Slack bot token, with --slack-channel [SLACK_BOT_TOKEN]")
 	fs.StringVar(&s.Channel, "slack-channel", "", "Slack channel for the bot token [SLACK_CHANNEL]")
 }
 

@@ -7,24 +7,64 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pelguard/pelguard/internal/version"
 )
 
-// NewRegistry returns a registry with the Go and process collectors.
-func NewRegistry() *prometheus.Registry {
+// NewRegistry returns a registry with the Go and process collectors and
+// pelguard_build_info for role ("consumer", "reaper", "auditor").
+func NewRegistry(role string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		BuildInfo(role))
 	return reg
+}
+
+// BuildInfo is the pelguard_build_info gauge: always 1, its labels say which
+// build runs in which role. Join on it (`* on(instance) group_left(version)
+// pelguard_build_info`) to see a version next to any series, or count the
+// versions a fleet runs during a rollout.
+func BuildInfo(role string) prometheus.Collector {
+	v := version.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pelguard_build_info",
+		Help: "Always 1; the labels name the build (version, VCS revision, Go version) and the binary's role.",
+		ConstLabels: prometheus.Labels{
+			"version": v.Version, "revision": v.Revision, "goversion": v.GoVersion, "role": role,
+		},
+	})
+	g.Set(1)
+	return g
 }
 
 // Check is a readiness probe of one dependency.
 type Check struct {
 	Name string
 	Fn   func(ctx context.Context) error
+}
+
+// Gate is a readiness check that fails until Open: while a binary waits for
+// Redis and Postgres and starts, /healthz answers (the process is up, do
+// not restart it) and /readyz says "starting: not ready".
+type Gate struct{ open atomic.Bool }
+
+// Open marks the binary started.
+func (g *Gate) Open() { g.open.Store(true) }
+
+// Check is the gate as a readiness check; list it first.
+func (g *Gate) Check() Check {
+	return Check{Name: "starting", Fn: func(context.Context) error {
+		if !g.open.Load() {
+			return errors.New("starting")
+		}
+		return nil
+	}}
 }
 
 // Ops is the /metrics, /healthz and /readyz server.

@@ -144,11 +144,13 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// A second consumer, scraped while it runs, after it did its work.
 	cons2 := startBin(t, "consumer", env, "--metrics-addr", "127.0.0.1:0", "--block", "100ms")
 	c2 := cons2.addr()
-	for _, path := range []string{"/healthz", "/readyz"} {
-		if code, body := get(t, "http://"+c2+path); code != 200 {
-			t.Errorf("consumer %s: %d %s", path, code, body)
-		}
+	// /healthz answers as soon as the server does (also while the consumer
+	// waits for Redis and Postgres); /readyz once the consumer has started.
+	if code, body := get(t, "http://"+c2+"/healthz"); code != 200 {
+		t.Errorf("consumer /healthz: %d %s", code, body)
 	}
+	testenv.Eventually(t, 30*time.Second, func() bool { code, _ := get(t, "http://"+c2+"/readyz"); return code == 200 },
+		"consumer /readyz answers 200 once started")
 	add(event.Event{CustomerID: "c_3", StripeCustomerID: "cus_3", AmountCents: 100, BillingPeriod: "2026-11", Currency: "usd"}.Payload())
 	add(`{"still":"bad"}`)
 	testenv.Eventually(t, 30*time.Second, func() bool {
@@ -173,7 +175,15 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// Same naming on every binary: pelguard_<binary>_, pelguard_alerts_ or
 	// pelguard_build_info (the reaper re-drives through the consumer's code
 	// and exports its series as well).
-	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"}, "auditor": {"auditor", "alerts", "build"}}
+	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"},
+		"auditor": {"auditor", "alerts", "build"}}
+	// Every binary says which build it is, in its role.
+	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)
+	for bin, body := range scrape {
+		if m := buildInfo.FindStringSubmatch(body); m == nil || m[1] != bin {
+			t.Errorf("%s: pelguard_build_info with role=%q missing or wrong: %v\n%s", bin, bin, m, grepLines(body, "build_info"))
+		}
+	}
 	series := regexp.MustCompile(`(?m)^(pelguard_[a-z]+)_`)
 	for bin, body := range scrape {
 		for _, m := range series.FindAllStringSubmatch(body, -1) {

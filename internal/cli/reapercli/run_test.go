@@ -1,4 +1,4 @@
-package main
+package reapercli
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"unexpected-arg"},
 	} {
 		var out, errb bytes.Buffer
-		if code := run(context.Background(), args, &out, &errb); code != 2 {
+		if code := Main(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
 		if errb.Len() == 0 {
@@ -36,7 +36,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--dry-run") {
+	if code := Main(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--dry-run") {
 		t.Errorf("--help: exit %d: %s", code, errb.String())
 	}
 }
@@ -92,7 +92,7 @@ func TestDryRunOncePrintsDecisionsAndChangesNothing(t *testing.T) {
 		if asJSON {
 			args = append(args, "--json")
 		}
-		if code := run(context.Background(), args, &out, &errb); code != 0 {
+		if code := Main(context.Background(), args, &out, &errb); code != 0 {
 			t.Fatalf("exit %d: %s", code, errb.String())
 		}
 		if asJSON {
@@ -125,7 +125,7 @@ func TestOnceRedrivesThroughStripe(t *testing.T) {
 	t.Cleanup(sim.Close)
 	var out, errb bytes.Buffer
 	args := w.args("--stripe-key", "sk_test_reaper_cmd", "--stripe-api-base", sim.URL(), "--stripe-mode", "charges")
-	if code := run(context.Background(), args, &out, &errb); code != 0 {
+	if code := Main(context.Background(), args, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	if n := sim.SucceededCharges("c_1", "2026-11"); n != 1 {

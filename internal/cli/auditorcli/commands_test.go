@@ -1,4 +1,4 @@
-package main
+package auditorcli
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -18,7 +19,7 @@ import (
 
 func call(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
+	code := Main(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }
 
@@ -44,10 +45,14 @@ func TestBadFlagsExit2(t *testing.T) {
 	}
 }
 
-func TestUnreachableDependenciesExit2(t *testing.T) {
+// Postgres that does not answer is ExitUnavailable (3), without the
+// password; it used to be 2, the code for a wrong configuration. Stripe
+// failing during the run is a failed run: 2.
+func TestUnreachableDependencies(t *testing.T) {
 	t.Parallel()
-	code, _, stderr := call("--database-url", "postgres://auditor:s3cretpw@127.0.0.1:1/x?sslmode=disable", "--stripe-key", "sk_test_x")
-	if code != 2 || !strings.Contains(stderr, "Postgres") || strings.Contains(stderr, "s3cretpw") {
+	code, _, stderr := call("--database-url", "postgres://auditor:s3cretpw@127.0.0.1:1/x?sslmode=disable", "--stripe-key", "sk_test_x",
+		"--wait-for-deps", "0")
+	if code != cli.ExitUnavailable || !strings.Contains(stderr, "Postgres") || strings.Contains(stderr, "s3cretpw") {
 		t.Fatalf("unreachable Postgres: exit %d, %q", code, stderr)
 	}
 	_, url := testenv.DBWithURL(t)
@@ -136,5 +141,36 @@ func TestAuditRefundResolveEndToEnd(t *testing.T) {
 	code, out, stderr = call(append(append([]string{"run"}, base...), window...)...)
 	if code != 0 || !strings.Contains(out, "0 open") {
 		t.Fatalf("final audit: %d %s %s", code, out, stderr)
+	}
+}
+
+// `auditor --help` lists the subcommands (it used to show run's flags
+// only); `help` prints the same on stdout and exits 0; `migrate --help` and
+// `-h` print the migrate usage and exit 0; `version`, `--version` print the
+// version.
+func TestHelpListsCommands(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := call("--help")
+	for _, want := range []string{"Commands:", "\n  refund ID|--all", "\n  findings", "\n  resolve ID", "\n  dismiss ID",
+		"\n  migrate up|down|status", "Exit status", "Stripe permissions", "--wait-for-deps"} {
+		if code != 0 || !strings.Contains(stderr, want) {
+			t.Errorf("--help: exit %d, lacks %q:\n%s", code, want, stderr)
+		}
+	}
+	if code, out, _ := call("help"); code != 0 || !strings.Contains(out, "\n  refund ID|--all") {
+		t.Errorf("help: exit %d\n%s", code, out)
+	}
+	if code, out, _ := call("help", "refund"); code != 0 || !strings.Contains(out, "--all") {
+		t.Errorf("help refund: exit %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{"migrate", "--help"}, {"migrate", "-h"}, {"refund", "--help"}, {"findings", "-h"}} {
+		if code, _, stderr := call(args...); code != 0 || !strings.Contains(stderr, "Usage: auditor "+args[0]) {
+			t.Errorf("%v: exit %d\n%s", args, code, stderr)
+		}
+	}
+	for _, arg := range []string{"version", "--version"} {
+		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "auditor ") {
+			t.Errorf("%s: exit %d %q", arg, code, out)
+		}
 	}
 }

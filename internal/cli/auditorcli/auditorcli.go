@@ -1,0 +1,48 @@
+// Package auditorcli is the auditor binary's command line: run (once or
+// on a --schedule), refund, findings, resolve, dismiss and migrate, their
+// options and Validate. cmd/auditor only hands it the arguments, the
+// signals and the exit code; tests call Main directly.
+package auditorcli
+
+import (
+	"context"
+	"io"
+
+	"github.com/pelguard/pelguard/internal/cli"
+)
+
+const prog = "auditor"
+
+// Main runs the auditor's command line and returns the exit code: 0 clean,
+// 1 open findings (cli.ExitFindings), 2 error, 3 Postgres unreachable after
+// --wait-for-deps. Cancelling ctx is SIGTERM: a scheduled auditor waits for
+// the run in progress, up to --shutdown-timeout.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return program().Main(ctx, args, stdout, stderr)
+}
+
+// program is a function, not a variable: run's --help lists the commands.
+func program() *cli.Program {
+	return &cli.Program{Name: prog, Commands: []cli.Command{
+		{Name: "run", Args: "[flags]", Summary: "audit a window (default: since the last checkpoint), or on a --schedule", Run: runCmd},
+		{Name: "refund", Args: "ID|--all [flags]", Summary: "refund duplicate findings within caps", Run: refundCmd},
+		{Name: "findings", Args: "[flags]", Summary: "list findings", Run: findingsCmd},
+		{Name: "resolve", Args: "ID", Summary: "close a finding handled by hand", Run: setStateCmd("resolve")},
+		{Name: "dismiss", Args: "ID", Summary: "close a finding that is not a problem", Run: setStateCmd("dismiss")},
+		{Name: "migrate", Args: "up|down|status|move", Summary: "apply, roll back, list or move the ledger's migrations", Run: migrateCmd},
+	}}
+}
+
+// exitStatus is the auditor's exit status paragraph, in run's --help.
+const exitStatus = `Exit status: 0 clean, 1 open findings (or duplicates left unrefunded), 2 error (bad flags or
+configuration, a failed run), 3 Postgres still unreachable after --wait-for-deps.`
+
+// permissions is what the auditor's Stripe key needs, shown in --help.
+const permissions = `Stripe permissions (a restricted key, rk_live_…): Charges Read and PaymentIntents Read; Refunds
+Write only for 'auditor refund' and --auto-refund (give plain runs a key without it). An
+unrestricted sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing
+permission, fails the run (exit 2) and alerts Slack.`
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Migrate(ctx, prog, args, stdout, stderr)
+}

@@ -1,0 +1,77 @@
+package auditorcli
+
+import (
+	"context"
+	"flag"
+	"io"
+	"time"
+
+	"github.com/pelguard/pelguard/audit"
+	"github.com/pelguard/pelguard/internal/cli"
+)
+
+const refundDescription = `Refunds open duplicate_charge findings (reason duplicate, one idempotency key per charge,
+never the canonical charge) and records each refund id. Stops at the first refund that
+would pass --max-refunds or --max-cents. Exit 1 when duplicates remain open.`
+
+// RefundOptions are the flags of `auditor refund`.
+type RefundOptions struct {
+	auditOptions
+	ID       int64 // the finding to refund; 0 with All
+	All      bool
+	DryRun   bool
+	LockWait time.Duration
+}
+
+func (o *RefundOptions) register(fs *flag.FlagSet) {
+	o.auditOptions.register(fs)
+	fs.BoolVar(&o.All, "all", false, "refund every open duplicate, oldest first")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "show what would be refunded; change nothing")
+	fs.DurationVar(&o.LockWait, "lock-wait", time.Minute, "wait this long for another refund run")
+}
+
+// Validate checks the flags.
+func (o *RefundOptions) Validate() error {
+	if (o.ID == 0) == !o.All {
+		return cli.Usagef("give one finding ID or --all (not both)")
+	}
+	if o.Config.MaxRefunds <= 0 || o.Config.MaxCents <= 0 {
+		return cli.Usagef("--max-refunds and --max-cents must be positive")
+	}
+	return o.validate()
+}
+
+func refundCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	name := prog + " refund"
+	fs := cli.NewFlagSet(name, name+" ID|--all [flags]", refundDescription+"\n\n"+permissions, stderr)
+	var o RefundOptions
+	o.register(fs)
+	id, err := findingID(fs, args)
+	if err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	o.ID = id
+	if err := o.Validate(); err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	a, err := o.build(stderr, nil, false)
+	if err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	defer a.close()
+	if err := a.connect(ctx, 0); err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	rr, err := a.Refund(ctx, audit.RefundOptions{FindingID: o.ID, DryRun: o.DryRun, LockWait: o.LockWait,
+		MaxRefunds: o.Config.MaxRefunds, MaxCents: o.Config.MaxCents})
+	if werr := write(stdout, o.JSON, rr, rr.WriteTable); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	if rr.StoppedBy != "" || len(rr.Skipped) > 0 {
+		return cli.ExitFindings
+	}
+	return cli.ExitOK
+}

@@ -1,0 +1,171 @@
+package auditorcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/pelguard/pelguard/audit"
+	"github.com/pelguard/pelguard/internal/cli"
+)
+
+const runDescription = `Diffs the Stripe charges created in a window against the ledger and stores every finding
+(duplicate_charge, orphan_charge, missing_charge, amount_mismatch, stuck_pending) once. At start
+it waits up to --wait-for-deps for Postgres.`
+
+// RunOptions are the flags of `auditor run`.
+type RunOptions struct {
+	auditOptions
+	From, To        string // RFC 3339 or YYYY-MM-DD; parsed by Validate
+	Period          string
+	Schedule        string // cron spec: run until SIGTERM
+	MetricsAddr     string
+	ShutdownTimeout time.Duration
+	WaitForDeps     time.Duration
+
+	window audit.Window // set by Validate
+}
+
+func (o *RunOptions) register(fs *flag.FlagSet) {
+	o.auditOptions.register(fs)
+	c := &o.Config
+	fs.StringVar(&o.From, "from", "", "start of the window (RFC 3339 or YYYY-MM-DD); default: the last checkpoint minus --overlap")
+	fs.StringVar(&o.To, "to", "", "end of the window, exclusive; default: now minus --settle-delay")
+	fs.StringVar(&o.Period, "period", "", "audit one billing period (YYYY-MM): its month plus 45 days, findings of that period only")
+	fs.BoolVar(&c.Legacy, "legacy", false, "also audit charges without the pelguard marker (the old consumer's), reporting duplicates only")
+	fs.StringVar(&c.LegacyPattern, "legacy-pattern", audit.DefaultLegacyPattern, "regexp taking a legacy charge's period from its description (group 1)")
+	fs.IntVar(&c.Parallel, "parallel", audit.DefaultParallel, "sub-windows listed at once (with --stripe-rate to stay under Stripe's limit)")
+	fs.DurationVar(&c.SettleDelay, "settle-delay", audit.DefaultSettleDelay, "stay this far behind now, so charges being recorded are not orphans")
+	fs.DurationVar(&c.Overlap, "overlap", audit.DefaultOverlap, "reach this far back before the last checkpoint")
+	fs.DurationVar(&c.InitialLookback, "initial-lookback", audit.DefaultInitialLookback, "window of the very first run")
+	fs.DurationVar(&c.StuckAfter, "stuck-after", audit.DefaultStuckAfter, "a pending row without a live lease this long is stuck_pending")
+	fs.DurationVar(&c.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
+	fs.StringVar(&o.Schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
+	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_AUDITOR_METRICS_ADDR", ""), "serve /metrics, /healthz, /readyz here with --schedule (e.g. 127.0.0.1:9466) [PELGUARD_AUDITOR_METRICS_ADDR]")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 10*time.Minute, "on SIGTERM, wait this long for a run in progress")
+	cli.RegisterWait(fs, &o.WaitForDeps)
+}
+
+// Validate checks the flags and parses the window. audit.New checks the
+// rest of the Config when run builds the Auditor, before any connection.
+func (o *RunOptions) Validate() error {
+	var err error
+	o.window = audit.Window{Period: o.Period}
+	if o.window.From, err = parseTime("--from", o.From); err != nil {
+		return err
+	}
+	if o.window.To, err = parseTime("--to", o.To); err != nil {
+		return err
+	}
+	if o.Schedule != "" && o.window.Manual() {
+		return cli.Usagef("--schedule audits from the checkpoint: it cannot take --from, --to or --period")
+	}
+	if err := cli.ValidateWait(o.WaitForDeps); err != nil {
+		return err
+	}
+	return o.validate()
+}
+
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o RunOptions
+	fs := cli.NewFlagSet(prog, prog+" [run] [flags]",
+		runDescription+"\n"+exitStatus+"\n\n"+permissions+"\n\n"+program().CommandList(), stderr)
+	o.register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if fs.NArg() > 0 {
+		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
+	}
+	if err := o.Validate(); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if o.Schedule != "" {
+		return o.runScheduled(ctx, stderr)
+	}
+	return o.runOnce(ctx, stdout, stderr)
+}
+
+// runOnce audits one window and prints the report.
+func (o *RunOptions) runOnce(ctx context.Context, stdout, stderr io.Writer) int {
+	if isTerminal(stderr) {
+		o.Config.Progress = stderr
+	}
+	a, err := o.build(stderr, nil, true)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer a.close()
+	if err := a.connect(ctx, o.WaitForDeps); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	rep, err := a.Run(ctx, o.window)
+	switch {
+	case errors.Is(err, audit.ErrEmptyWindow):
+		fmt.Fprintf(stderr, "%s: nothing to audit: %v\n", prog, err)
+		return cli.ExitOK
+	case errors.Is(err, audit.ErrLocked):
+		return cli.Fail(stderr, prog, fmt.Errorf("%w (waited --lock-wait %s)", err, o.Config.LockWait))
+	case err != nil:
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := write(stdout, o.JSON, rep, rep.WriteTable); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	return rep.ExitCode()
+}
+
+// runScheduled audits on the cron schedule until ctx ends, serving
+// /metrics, /healthz and /readyz (Postgres only: the auditor reads Stripe,
+// not Redis).
+func (o *RunOptions) runScheduled(ctx context.Context, stderr io.Writer) int {
+	o.Config.LockWait = 0 // a scheduled run skips when another holds the lock
+	reg := cli.NewRegistry(prog)
+	a, err := o.build(stderr, reg, true)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer a.close()
+	metrics := audit.NewMetrics(reg)
+	sched, err := a.NewScheduler(o.Schedule, metrics.Observe)
+	if err != nil {
+		return cli.Fail(stderr, prog, cli.Usagef("--schedule: %v", err))
+	}
+	var started cli.Gate
+	ops, err := cli.ServeOps(o.MetricsAddr, reg, []cli.Check{started.Check(), {Name: "postgres", Fn: a.pool.Ping}}, a.logger)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer func() { _ = ops.Close(context.Background()) }()
+	if err := a.connect(ctx, o.WaitForDeps); err != nil {
+		if ctx.Err() != nil {
+			a.logger.Info("stopped while waiting for Postgres")
+			return cli.ExitOK
+		}
+		return cli.Fail(stderr, prog, err)
+	}
+	return serveSchedule(ctx, sched, &started, o.ShutdownTimeout, a.logger, stderr)
+}
+
+func serveSchedule(ctx context.Context, sched *audit.Scheduler, started *cli.Gate, shutdown time.Duration, logger *slog.Logger,
+	stderr io.Writer) int {
+	// Runs get a context SIGTERM does not cancel: Stop waits for the run
+	// in progress, up to --shutdown-timeout.
+	if err := sched.Start(context.WithoutCancel(ctx)); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	started.Open()
+	<-ctx.Done()
+	logger.Info("stopping: waiting for a run in progress", slog.Duration("timeout", shutdown))
+	sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+	defer cancel()
+	if err := sched.Stop(sctx); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	return cli.ExitOK
+}

@@ -1,0 +1,41 @@
+// Package consumercli is the consumer binary's command line: the commands
+// (run, cap, replay, migrate), their options and Validate, the table
+// printers, and the supervisor that runs one consumer per stream.
+// cmd/consumer only hands it the arguments, the signals and the exit code;
+// tests call Main directly.
+package consumercli
+
+import (
+	"context"
+	"io"
+
+	"github.com/pelguard/pelguard/internal/cli"
+)
+
+const prog = "consumer"
+
+// Main runs the consumer's command line and returns the exit code (see
+// cli.ExitOK and the others). Cancelling ctx is SIGTERM: `run` stops
+// reading, finishes the events in flight and returns.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return program().Main(ctx, args, stdout, stderr)
+}
+
+// program is a function, not a variable: run's --help lists the commands.
+func program() *cli.Program {
+	return &cli.Program{Name: prog, Commands: []cli.Command{
+		{Name: "run", Args: "[flags]", Summary: "consume until SIGTERM/SIGINT", Run: runCmd},
+		{Name: "cap", Args: "set|show [flags]", Summary: "set or show a billing period's spend cap", Run: capCmd},
+		{Name: "replay", Args: "[flags]", Summary: "put dead letters back on their stream", Run: replayCmd},
+		{Name: "import", Args: "(--from-table T | --from-query SQL | --from-stripe --period P)... [flags]", Summary: "bring what an existing consumer billed into the ledger before switching", Run: importCmd},
+		{Name: "migrate", Args: "up|down|status|move", Summary: "apply, roll back, list or move the ledger's migrations", Run: migrateCmd},
+	}}
+}
+
+func importCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Import(ctx, prog, args, stdout, stderr)
+}
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Migrate(ctx, prog, args, stdout, stderr)
+}

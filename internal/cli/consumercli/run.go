@@ -1,0 +1,222 @@
+package consumercli
+
+import (
+	"context"
+	"flag"
+	"io"
+	"time"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cli"
+)
+
+const runDescription = `Reads billing events from a Redis Stream consumer group and charges each customer once per
+billing period through Stripe. Every event is checked against and recorded in the Postgres
+ledger (billing_records) before it is acked; a heartbeat keeps slow Stripe calls from being
+reclaimed; bad events go to <stream>:dead with the reason. Several --stream values run one
+consumer per stream in this process (e.g. hash-tagged streams on a Redis Cluster).
+
+Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
+SLACK_BOT_TOKEN, SLACK_CHANNEL. At start it waits up to --wait-for-deps for Redis and Postgres.
+On SIGTERM it stops reading, finishes events in flight and exits 0 within --shutdown-timeout.
+Exit status: 0 stopped cleanly, 2 bad flags or configuration (or events left unfinished at
+stop), 3 Redis or Postgres still unreachable after --wait-for-deps.
+
+Stripe permissions (a restricted key, rk_live_…): PaymentIntents Write (Charges Write with
+--stripe-mode charges), Charges Read, PaymentIntents Read (the lookup past --safe-key-window),
+Customers Read (payment_intents mode on live Stripe: the default payment method). An unrestricted
+sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing permission: the
+event is dead-lettered (stripe_key_error; its ledger row stays pending: replay it once the key is
+fixed) and Slack is told once per permission.`
+
+// RunOptions are the flags of `consumer run`.
+type RunOptions struct {
+	RedisURL, DatabaseURL   string
+	Schema                  string
+	ChargeMetadata          bool
+	Streams                 cli.Streams
+	Group                   string
+	Name, Namespace         string
+	Count                   int64
+	Block                   time.Duration
+	Workers                 int
+	Lease, SafeKeyWindow    time.Duration
+	RequireCap              bool
+	MaxAmountCents          int64
+	StrictFields            bool
+	ShutdownTimeout         time.Duration
+	MetricsAddr             string
+	DeadLetterAlertInterval time.Duration
+	WaitForDeps             time.Duration
+	Log                     cli.Logging
+	Stripe                  cli.Stripe
+	Slack                   cli.Slack
+
+	streams []cli.StreamGroup // resolved by Validate
+}
+
+func (o *RunOptions) register(fs *flag.FlagSet) {
+	cli.RegisterRedis(fs, &o.RedisURL)
+	cli.RegisterDatabase(fs, &o.DatabaseURL)
+	cli.RegisterSchema(fs, &o.Schema)
+	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
+	cli.RegisterStreams(fs, &o.Streams, &o.Group, "consume (one consumer per stream, each with --workers)")
+	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
+	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; give each environment its own [PELGUARD_NAMESPACE]")
+	fs.Int64Var(&o.Count, "count", consumer.DefaultCount, "XREADGROUP COUNT (acks are always per event)")
+	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
+	fs.IntVar(&o.Workers, "workers", consumer.DefaultWorkers, "events handled at once")
+	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease; the heartbeat renews it every lease/3")
+	fs.DurationVar(&o.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
+	fs.BoolVar(&o.RequireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
+	fs.Int64Var(&o.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
+	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the five known ones")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long events in flight may take to finish")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
+	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
+	cli.RegisterWait(fs, &o.WaitForDeps)
+	o.Log.Register(fs)
+	o.Stripe.Register(fs)
+	o.Slack.Register(fs)
+}
+
+// Validate checks what the flags decide alone, before anything is built.
+// consumer.Config.Validate checks the consumer's own settings when run
+// builds the consumers: also before any connection is tried, so a wrong
+// flag exits 2 at once, never after --wait-for-deps.
+func (o *RunOptions) Validate() error {
+	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+		return err
+	}
+	streams, err := o.Streams.Resolve(o.Group)
+	if err != nil {
+		return err
+	}
+	o.streams = streams
+	if err := o.Log.Validate(); err != nil {
+		return err
+	}
+	if err := o.Stripe.Validate(); err != nil {
+		return err
+	}
+	if o.ShutdownTimeout <= 0 {
+		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
+	}
+	return cli.ValidateWait(o.WaitForDeps)
+}
+
+func runCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
+	var o RunOptions
+	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", runDescription+"\n\n"+program().CommandList(), stderr)
+	o.register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if fs.NArg() > 0 {
+		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
+	}
+	if err := o.Validate(); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	return o.run(ctx, stderr)
+}
+
+// run builds everything without connecting (a configuration error exits 2
+// here), serves /healthz (so a liveness probe sees the process up while it
+// waits), waits for Redis and Postgres, checks the schema and the clock,
+// and consumes until ctx ends.
+func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
+	logger, err := o.Log.Logger(stderr)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	reg := cli.NewRegistry(prog)
+	metrics := consumer.NewMetrics(reg)
+	sc, err := o.Stripe.Client(logger, nil)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	notifier, err := o.Slack.Notifier(logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer closeNotifier(notifier)
+	dl := alerts.NewDeadLetterAggregator(notifier, o.DeadLetterAlertInterval, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
+
+	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer rdb.Close()
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, int32(len(o.streams)*o.Workers*2+4))
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer pool.Close()
+	base := o.config()
+	base.Redis, base.DB, base.Stripe = rdb, pool, sc
+	base.Notifier, base.DeadLetters, base.Metrics, base.Logger = notifier, dl, metrics, logger
+	cs := make([]*consumer.Consumer, len(o.streams))
+	for i, sg := range o.streams {
+		cfg := base
+		cfg.Stream, cfg.Group = sg.Stream, sg.Group
+		if cs[i], err = consumer.New(cfg); err != nil {
+			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+		}
+	}
+	var started cli.Gate
+	ops, err := cli.ServeOps(o.MetricsAddr, reg, []cli.Check{
+		started.Check(),
+		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{Name: "postgres", Fn: pool.Ping},
+	}, logger)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer func() { _ = ops.Close(context.Background()) }()
+
+	if err := (cli.Waiter{For: o.WaitForDeps, Logger: logger}).Wait(ctx, redisDep, pgDep); err != nil {
+		if ctx.Err() != nil {
+			logger.Info("stopped while waiting for Redis and Postgres")
+			return cli.ExitOK
+		}
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := cli.CheckSchema(ctx, prog, pool, o.Schema); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := cli.CheckClock(ctx, pool, o.Lease/3, "a third of --lease"); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	s := supervisor{consumers: cs, streams: o.streams, shutdownTimeout: o.ShutdownTimeout, logger: logger,
+		workers: o.Workers, count: o.Count}
+	if err := s.start(ctx); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	started.Open()
+	s.wait(ctx)
+	if !s.stop() {
+		return cli.ExitError
+	}
+	logger.Info("stopped cleanly")
+	return cli.ExitOK
+}
+
+// config is the consumer.Config the flags make, without the clients and
+// the stream, which run adds.
+func (o *RunOptions) config() consumer.Config {
+	return consumer.Config{
+		Name: o.Name, Namespace: o.Namespace, Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata,
+		Count: o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
+		RequireCap: o.RequireCap, Rules: event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
+	}
+}
+
+func closeNotifier(n alerts.Notifier) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = n.Close(ctx)
+}

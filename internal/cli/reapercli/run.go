@@ -1,0 +1,273 @@
+package reapercli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/reaper"
+)
+
+const runDescription = `Recovers entries that dead consumers left in a billing stream's pending entries list, without
+ever claiming one a live consumer is working on. Per pass and stream: XPENDING IDLE --min-idle,
+bodies and ledger rows per page, then per entry: body gone → ack; invalid → dead letter + ack;
+ledger terminal → ack (already billed: never redelivered); live ledger lease → skip; delivered
+--max-deliveries times → dead letter + ack + alert; otherwise XCLAIM with the same min-idle and
+re-drive through the consumer's own code. A re-drive that Stripe fails transiently (5xx, 429,
+timeout) does not count as a delivery: a Stripe outage never dead-letters events by itself. Idle
+consumers with nothing pending are removed.
+
+--dry-run prints every decision (a table, or JSON lines with --json) and changes nothing: run it
+beside the old monitor, compare, then switch. --once runs one pass and exits (cron).
+
+Environment: REDIS_URL, DATABASE_URL, STRIPE_API_KEY, STRIPE_API_BASE, SLACK_WEBHOOK_URL,
+SLACK_BOT_TOKEN, SLACK_CHANNEL. The re-drive settings (--namespace above all, --lease, --require-cap,
+--max-amount-cents, --strict-fields) must match the consumers'. At start it waits up to
+--wait-for-deps for Redis and Postgres. Exit status: 0 ok, 2 bad flags or configuration, a failed
+--once pass or re-drives left unfinished at stop, 3 Redis or Postgres still unreachable after
+--wait-for-deps.
+
+Stripe permissions: the consumer's, since re-drives charge through the same code: PaymentIntents
+Write (Charges Write with --stripe-mode charges), Charges Read, PaymentIntents Read, Customers Read
+(payment_intents mode on live Stripe). --dry-run needs no key. An unrestricted sk_live_ key is
+refused unless --allow-unrestricted-key.`
+
+// RunOptions are the flags of `reaper run`.
+type RunOptions struct {
+	RedisURL, DatabaseURL string
+	Schema                string
+	ChargeMetadata        bool
+	StoppedConsumers      string
+	Streams               cli.Streams
+	Group                 string
+	Name, Namespace       string
+	MinIdle               time.Duration
+	Interval              time.Duration
+	PageSize              int64
+	PageWorkers           int
+	MaxDeliveries         int64
+	Workers               int
+	ConsumerIdle          time.Duration // 0: never remove idle consumers
+	Lease, SafeKeyWindow  time.Duration
+	RequireCap            bool
+	MaxAmountCents        int64
+	StrictFields          bool
+	DryRun, Once, JSON    bool
+	ShutdownTimeout       time.Duration
+	MetricsAddr           string
+	WaitForDeps           time.Duration
+	Log                   cli.Logging
+	Stripe                cli.Stripe
+	Slack                 cli.Slack
+
+	streams []reaper.StreamGroup // resolved by Validate
+}
+
+func (o *RunOptions) register(fs *flag.FlagSet) {
+	cli.RegisterRedis(fs, &o.RedisURL)
+	cli.RegisterDatabase(fs, &o.DatabaseURL)
+	cli.RegisterSchema(fs, &o.Schema)
+	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each re-drive's charge; false sends the article's request shape (must match the consumers') [PELGUARD_CHARGE_METADATA]")
+	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
+	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
+	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
+	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; must match the consumers' [PELGUARD_NAMESPACE]")
+	fs.DurationVar(&o.MinIdle, "min-idle", cli.EnvDuration("PELGUARD_MIN_IDLE", reaper.DefaultMinIdle), "consider entries idle at least this long; also the XCLAIM fence.\nKeep it well above the consumers' heartbeat (lease/3) [PELGUARD_MIN_IDLE]")
+	fs.DurationVar(&o.Interval, "interval", reaper.DefaultInterval, "time between passes (without --once)")
+	fs.Int64Var(&o.PageSize, "page-size", reaper.DefaultPageSize, "XPENDING COUNT per page; one ledger query per page")
+	fs.IntVar(&o.PageWorkers, "page-workers", reaper.DefaultPageWorkers, "pages decided at once")
+	fs.Int64Var(&o.MaxDeliveries, "max-deliveries", reaper.DefaultMaxDeliveries, "dead-letter (and alert) an entry delivered this many times")
+	fs.IntVar(&o.Workers, "workers", reaper.DefaultWorkers, "re-drives (Stripe calls) at once")
+	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending (0: never)")
+	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease of a re-drive; renewed every lease/3")
+	fs.DurationVar(&o.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
+	fs.BoolVar(&o.RequireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
+	fs.Int64Var(&o.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
+	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the five known ones")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "print every decision and change nothing (no Stripe key needed)")
+	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
+	fs.BoolVar(&o.Once, "once", false, "run one pass, wait for its re-drives, and exit")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long re-drives in flight may take to finish")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_REAPER_METRICS_ADDR", "127.0.0.1:9465"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_REAPER_METRICS_ADDR]")
+	cli.RegisterWait(fs, &o.WaitForDeps)
+	o.Log.Register(fs)
+	o.Stripe.Register(fs)
+	o.Slack.Register(fs)
+}
+
+// Validate checks what the flags decide alone. reaper.Config.Validate
+// checks the rest when run builds the reaper, before any connection.
+func (o *RunOptions) Validate() error {
+	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+		return err
+	}
+	pairs, err := o.Streams.Resolve(o.Group)
+	if err != nil {
+		return err
+	}
+	o.streams = make([]reaper.StreamGroup, len(pairs))
+	for i, p := range pairs {
+		o.streams[i] = reaper.StreamGroup{Stream: p.Stream, Group: p.Group}
+	}
+	if o.JSON && !o.DryRun {
+		return cli.Usagef("--json formats --dry-run's decisions; add --dry-run (live decisions are logged at debug)")
+	}
+	if err := o.Log.Validate(); err != nil {
+		return err
+	}
+	if !o.DryRun {
+		if err := o.Stripe.Validate(); err != nil {
+			return err
+		}
+	}
+	if o.ShutdownTimeout <= 0 {
+		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
+	}
+	return cli.ValidateWait(o.WaitForDeps)
+}
+
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o RunOptions
+	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", runDescription+"\n\n"+program().CommandList(), stderr)
+	o.register(fs)
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if fs.NArg() > 0 {
+		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
+	}
+	if err := o.Validate(); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	return o.run(ctx, stdout, stderr)
+}
+
+// run builds everything without connecting, serves /healthz, waits for
+// Redis and Postgres, checks the schema and the clock, then runs one pass
+// (--once) or passes until ctx ends.
+func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
+	logger, err := o.Log.Logger(stderr)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	reg := cli.NewRegistry(prog)
+	var sc consumer.Stripe
+	if !o.DryRun {
+		c, err := o.Stripe.Client(logger, nil)
+		if err != nil {
+			return cli.Fail(stderr, prog, err)
+		}
+		sc = c
+	}
+	notifier, err := o.Slack.Notifier(logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer closeNotifier(notifier)
+
+	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer rdb.Close()
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, int32(o.Workers+o.PageWorkers*len(o.streams)+4))
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer pool.Close()
+
+	cfg := o.config()
+	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger = rdb, pool, sc, notifier, logger
+	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
+	var printer *decisionPrinter
+	if o.DryRun {
+		printer = newDecisionPrinter(stdout, o.JSON)
+		cfg.OnDecision = printer.print
+	}
+	r, err := reaper.New(cfg)
+	if err != nil {
+		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+	}
+	var started cli.Gate
+	ops, err := cli.ServeOps(o.MetricsAddr, reg, []cli.Check{
+		started.Check(),
+		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{Name: "postgres", Fn: pool.Ping},
+	}, logger)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer func() { _ = ops.Close(context.Background()) }()
+
+	if err := (cli.Waiter{For: o.WaitForDeps, Logger: logger}).Wait(ctx, redisDep, pgDep); err != nil {
+		if ctx.Err() != nil {
+			logger.Info("stopped while waiting for Redis and Postgres")
+			return cli.ExitOK
+		}
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := cli.CheckSchema(ctx, prog, pool, o.Schema); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := cli.CheckClock(ctx, pool, o.Lease/3, "a third of --lease"); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+
+	logger.Info("reaper starting", "name", r.Name(), "streams", fmt.Sprint(o.streams), "min_idle", o.MinIdle,
+		"dry_run", o.DryRun, "once", o.Once)
+	if o.Once {
+		started.Open()
+		sum, err := r.RunOnce(ctx)
+		if printer != nil && !o.JSON {
+			printer.summary(sum)
+		}
+		if err != nil {
+			return cli.Fail(stderr, prog, err)
+		}
+		return cli.ExitOK
+	}
+	// Start detaches the reaper from ctx: only Stop ends it, so the
+	// re-drives in flight at SIGTERM can finish.
+	if err := r.Start(ctx); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	started.Open()
+	<-ctx.Done()
+	logger.Info("stopping: finishing re-drives in flight", "timeout", o.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+	defer cancel()
+	if err := r.Stop(sctx); err != nil {
+		logger.Error("stopped with re-drives unfinished; their entries stay pending and are safe to redeliver", "error", err)
+		return cli.ExitError
+	}
+	logger.Info("stopped cleanly")
+	return cli.ExitOK
+}
+
+// config is the reaper.Config the flags make, without the clients.
+func (o *RunOptions) config() reaper.Config {
+	consumerIdle := o.ConsumerIdle
+	if consumerIdle == 0 {
+		consumerIdle = -1 // the flag's 0 means never; the library's 0 means its default
+	}
+	return reaper.Config{
+		Streams: o.streams, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
+		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
+		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
+		Rules:  event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
+		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
+	}
+}
+
+func closeNotifier(n alerts.Notifier) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = n.Close(ctx)
+}
