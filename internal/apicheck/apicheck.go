@@ -5,7 +5,7 @@
 //
 // Packages are loaded from the export data the go command writes into its
 // build cache (`go list -export -deps`), read with go/importer's "gc"
-// importer. That is the same data the compiler reads when another module
+// importer through a lookup over go list's Export paths. That is the same data the compiler reads when another module
 // imports pelguard, it needs no dependency beyond the standard library, and it
 // does not type-check the dependencies' source (stripe-go alone is large).
 package apicheck
@@ -44,21 +44,15 @@ func (l Leak) String() string {
 	return fmt.Sprintf("%s: %s uses %s from %s", l.Pos, l.Ident, l.Type, l.Package)
 }
 
-// Load runs `go list -export -deps` in dir over patterns and returns the
-// type information of the packages the patterns match (not of their
-// dependencies), in go list's order. Main packages are left out: nothing
-// imports them.
-func Load(dir string, patterns ...string) ([]*types.Package, *token.FileSet, error) {
-	args := append([]string{"list", "-e", "-export", "-deps",
-		"-json=ImportPath,Name,Export,DepOnly,Error,ImportMap"}, patterns...)
-	cmd := exec.Command("go", args...)
-	cmd.Dir = dir
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, nil, fmt.Errorf("go list in %s: %w: %s", dir, err, stderr.Bytes())
-	}
-
+// LoadPublic returns the type information of the public packages among
+// those patterns match in dir: every one that is neither internal (see
+// IsInternal) nor a command (nothing imports a main package). It runs `go
+// list` once to find them and once more with -export -deps over them alone,
+// so only their dependencies are compiled. buildFlags go to the second run:
+// a test built with -race passes -race, so the export data is the one its
+// own build already put in the cache rather than a second compile of every
+// dependency.
+func LoadPublic(dir string, buildFlags []string, patterns ...string) ([]*types.Package, *token.FileSet, error) {
 	type listed struct {
 		ImportPath string
 		Name       string
@@ -67,33 +61,60 @@ func Load(dir string, patterns ...string) ([]*types.Package, *token.FileSet, err
 		ImportMap  map[string]string
 		Error      *struct{ Err string }
 	}
-	exports := map[string]string{}
+	goList := func(args ...string) ([]listed, error) {
+		cmd := exec.Command("go", append([]string{"list", "-e"}, args...)...)
+		cmd.Dir = dir
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("go list in %s: %w: %s", dir, err, stderr.Bytes())
+		}
+		var out []listed
+		var errs []error
+		for dec := json.NewDecoder(&stdout); ; {
+			var p listed
+			if err := dec.Decode(&p); err == io.EOF {
+				break
+			} else if err != nil {
+				return nil, fmt.Errorf("decoding go list output: %w", err)
+			}
+			if p.Error != nil {
+				errs = append(errs, fmt.Errorf("%s: %s", p.ImportPath, p.Error.Err))
+			}
+			out = append(out, p)
+		}
+		return out, errors.Join(errs...)
+	}
+
+	matched, err := goList(append([]string{"-json=ImportPath,Name,Error"}, patterns...)...)
+	if err != nil {
+		return nil, nil, err
+	}
 	var roots []string
-	var errs []error
-	dec := json.NewDecoder(&stdout)
-	for {
-		var p listed
-		if err := dec.Decode(&p); err == io.EOF {
-			break
-		} else if err != nil {
-			return nil, nil, fmt.Errorf("decoding go list output: %w", err)
+	for _, p := range matched {
+		if p.Name != "main" && !IsInternal(p.ImportPath) {
+			roots = append(roots, p.ImportPath)
 		}
-		if p.Error != nil {
-			errs = append(errs, fmt.Errorf("%s: %s", p.ImportPath, p.Error.Err))
-			continue
-		}
+	}
+	if len(roots) == 0 {
+		return nil, nil, fmt.Errorf("no public package matches %q in %s", patterns, dir)
+	}
+
+	args := append([]string{"-export", "-deps", "-json=ImportPath,Export,ImportMap,Error"}, buildFlags...)
+	deps, err := goList(append(args, roots...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	exports := map[string]string{}
+	for _, p := range deps {
 		exports[p.ImportPath] = p.Export
+	}
+	for _, p := range deps {
 		for from, to := range p.ImportMap {
 			if _, ok := exports[from]; !ok {
 				exports[from] = exports[to]
 			}
 		}
-		if !p.DepOnly && p.Name != "main" {
-			roots = append(roots, p.ImportPath)
-		}
-	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
 	}
 
 	fset := token.NewFileSet()
