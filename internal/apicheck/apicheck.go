@@ -5,9 +5,12 @@
 //
 // Packages are loaded from the export data the go command writes into its
 // build cache (`go list -export -deps`), read with go/importer's "gc"
-// importer through a lookup over go list's Export paths. That is the same data the compiler reads when another module
-// imports pelguard, it needs no dependency beyond the standard library, and it
-// does not type-check the dependencies' source (stripe-go alone is large).
+// importer through a lookup over go list's Export paths. That is the data
+// the compiler reads when another module imports pelguard; it needs no
+// dependency beyond the standard library (golang.org/x/tools/go/packages
+// would make the same go list call), and it does not type-check the
+// dependencies' source as the "source" importer would (stripe-go alone is
+// large).
 package apicheck
 
 import (
