@@ -52,8 +52,9 @@ image: ## Build ghcr.io/pelguard/pelguard:$VERSION with docker, podman or builda
 deploy-check: ## Validate deploy/: Kubernetes types + Pod Security restricted, systemd-analyze, promtool
 	cd deploy/validate && $(GO) test -count=1 ./...
 
-test: tools deploy-check ## Run every test with -race against real Redis and Postgres, and deploy-check
+test: tools deploy-check ## Run every test with -race against real Redis and Postgres (examples/embed too), and deploy-check
 	$(SERVICES) $(GO) test -race -timeout 25m -count=1 $(PKGS)
+	$(SERVICES) $(GO) -C examples/embed test -race -timeout 10m -count=1 ./...
 
 bench: tools ## Run the benchmarks (BENCHCOUNT runs each; compare medians)
 	$(SERVICES) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout 60m $(PKGS)
@@ -67,6 +68,7 @@ fuzz: ## Fuzz the event parser for a minute
 lint: ## go vet, gofmt check, staticcheck when it installs
 	$(GO) vet $(PKGS)
 	cd deploy/validate && $(GO) vet ./...
+	$(GO) -C examples/embed vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi

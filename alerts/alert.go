@@ -12,6 +12,7 @@
 package alerts
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"regexp"
@@ -226,7 +227,7 @@ var zeroDecimal = map[string]bool{
 // Money formats a Stripe amount in minor units, e.g. Money(2500, "usd") is
 // "25.00 USD". An empty currency means usd, as in the event format.
 func Money(minor int64, currency string) string {
-	cur := strings.ToLower(cmpOr(currency, "usd"))
+	cur := strings.ToLower(cmp.Or(currency, "usd"))
 	if zeroDecimal[cur] {
 		return fmt.Sprintf("%d %s", minor, strings.ToUpper(cur))
 	}
@@ -398,13 +399,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // UnregisteredConsumers reports group members that never registered as

@@ -1,6 +1,7 @@
 package alerts
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -36,7 +37,7 @@ const maxFields = 5 * maxFieldsPerSec
 // threaded says whether the items will also be posted in the thread.
 func render(a Alert, threaded bool) message {
 	var blocks []slack.Block
-	title := cutRunes(Redact(cmpOr(a.Title, string(a.Kind))), maxHeaderText)
+	title := cutRunes(Redact(cmp.Or(a.Title, string(a.Kind))), maxHeaderText)
 	blocks = append(blocks, slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, title, false, false)))
 	if a.Text != "" {
 		blocks = append(blocks, section(cutText(Redact(a.Text), maxSectionText)))
@@ -122,7 +123,7 @@ func itemBlocks(a Alert, budget int, threaded bool) []slack.Block {
 // of the items, for notifications and clients that do not render blocks.
 func fallback(a Alert) string {
 	var b strings.Builder
-	b.WriteString(cmpOr(a.Title, string(a.Kind)))
+	b.WriteString(cmp.Or(a.Title, string(a.Kind)))
 	if a.Text != "" {
 		b.WriteString("\n" + a.Text)
 	}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -147,9 +149,9 @@ func subWindows(from, to time.Time, n int) [][2]time.Time {
 // list streams every charge created in [from, to) into c, Parallel
 // sub-windows at a time.
 func (a *Auditor) list(ctx context.Context, from, to time.Time, c *collector) error {
-	g := newGroup(ctx)
+	g, ctx := errgroup.WithContext(ctx)
 	for _, w := range subWindows(from, to, a.cfg.Parallel) {
-		g.Go(func(ctx context.Context) error {
+		g.Go(func() error {
 			page := make([]stripeapi.Charge, 0, 100)
 			err := a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
 				// Keep the slice but drop the metadata map and description
@@ -212,9 +214,9 @@ func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted 
 		return nil
 	}
 	var mu sync.Mutex
-	g := newGroup(ctx)
+	g, ctx := errgroup.WithContext(ctx)
 	for _, w := range subWindows(from, to, a.cfg.Parallel) {
-		g.Go(func(ctx context.Context) error {
+		g.Go(func() error {
 			return a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
 				if ch.Status == "succeeded" {
 					mu.Lock()
@@ -242,35 +244,4 @@ func billable(es []entry) []entry {
 	}
 	slices.SortFunc(out, byCreated)
 	return out
-}
-
-// group runs functions concurrently and returns the first error, cancelling
-// the others' context when one fails (errgroup, without a new dependency).
-type group struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
-}
-
-func newGroup(ctx context.Context) *group {
-	ctx, cancel := context.WithCancel(ctx)
-	return &group{ctx: ctx, cancel: cancel}
-}
-
-func (g *group) Go(fn func(ctx context.Context) error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := fn(g.ctx); err != nil {
-			g.once.Do(func() { g.err = err; g.cancel() })
-		}
-	}()
-}
-
-func (g *group) Wait() error {
-	g.wg.Wait()
-	g.cancel()
-	return g.err
 }

@@ -140,12 +140,3 @@ func versions(res []*goose.MigrationResult) []int64 {
 	}
 	return out
 }
-
-func baseName(p string) string {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			return p[i+1:]
-		}
-	}
-	return p
-}

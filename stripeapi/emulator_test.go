@@ -1,6 +1,7 @@
 package stripeapi_test
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -25,7 +26,7 @@ func newSim(t testing.TB, cfg stripesim.Config) *stripesim.Server {
 
 func simClient(t testing.TB, srv *stripesim.Server, cfg stripeapi.Config) *stripeapi.Client {
 	t.Helper()
-	cfg.APIKey = cmpOr(cfg.APIKey, simKey)
+	cfg.APIKey = cmp.Or(cfg.APIKey, simKey)
 	cfg.BaseURL = srv.URL()
 	c, err := stripeapi.New(cfg)
 	if err != nil {
@@ -37,13 +38,6 @@ func simClient(t testing.TB, srv *stripesim.Server, cfg stripeapi.Config) *strip
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
 
 func pelguardReq(customer, period string, amount int64) stripeapi.ChargeRequest {
 	key := "key-" + customer + "-" + period
