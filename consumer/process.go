@@ -160,7 +160,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	if err != nil {
 		return p.release(ctx, rec, OutcomeRetryLater, err)
 	}
-	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) {
+	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || eventPastWindow(ev, now, p.cfg.SafeKeyWindow) {
 		start := time.Now()
 		found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
@@ -289,6 +289,14 @@ func lookupSince(rec ledger.Record) time.Time {
 		return start
 	}
 	return since
+}
+
+// eventPastWindow: the event says it happened longer ago than the safe
+// window (occurred_at). A first delivery of such an event may be the
+// re-publication of one billed before the ledger was restored from a
+// backup, under a key Stripe has forgotten: look before charging.
+func eventPastWindow(ev event.Event, now time.Time, window time.Duration) bool {
+	return !ev.OccurredAt.IsZero() && now.Sub(ev.OccurredAt) > window
 }
 
 func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) bool {

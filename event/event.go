@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -54,6 +55,7 @@ const (
 	ReasonBadCurrency     = "bad_currency"
 	ReasonBadPeriod       = "bad_billing_period"
 	ReasonBadStripeCust   = "bad_stripe_customer_id"
+	ReasonBadOccurredAt   = "bad_occurred_at"
 )
 
 // Event is a validated billing event.
@@ -63,6 +65,12 @@ type Event struct {
 	AmountCents      int64  `json:"amount_cents"`
 	BillingPeriod    string `json:"billing_period"`
 	Currency         string `json:"currency"`
+	// OccurredAt is the optional `occurred_at` field (RFC 3339): when the
+	// producer says the usage happened. A first charge of an event older
+	// than the consumer's safe key window asks Stripe first (invariant 9):
+	// it may be a re-publication of an event billed before a ledger was
+	// restored from a backup. Zero when absent.
+	OccurredAt time.Time `json:"occurred_at,omitzero"`
 }
 
 // Rules bound what a valid event may be.
@@ -71,7 +79,7 @@ type Rules struct {
 	MaxAmountCents int64
 	// MaxPayloadBytes rejects larger payloads. Zero means DefaultMaxPayloadBytes.
 	MaxPayloadBytes int
-	// StrictFields rejects fields other than the five known ones. By default
+	// StrictFields rejects fields other than the known ones (the five, and occurred_at). By default
 	// unknown fields are ignored, so producers can add tracing or source
 	// fields without dead-lettering the stream; a misspelt required field is
 	// still caught, as missing.
@@ -137,7 +145,7 @@ var (
 
 var known = map[string]bool{
 	"customer_id": true, "stripe_customer_id": true, "amount_cents": true,
-	"billing_period": true, "currency": true,
+	"billing_period": true, "currency": true, "occurred_at": true,
 }
 
 // ParseFields validates a stream entry's fields (as go-redis returns them).
@@ -202,6 +210,16 @@ func Parse(payload []byte, rules Rules) (Event, error) {
 	}
 	if ev.Currency == "" {
 		ev.Currency = DefaultCurrency
+	}
+	occurred, err := stringField(obj, "occurred_at", false)
+	if err != nil {
+		return Event{}, err
+	}
+	if occurred != "" {
+		if ev.OccurredAt, err = time.Parse(time.RFC3339Nano, occurred); err != nil {
+			return Event{}, reject(ReasonBadOccurredAt, "occurred_at", "%q is not an RFC 3339 time such as 2026-11-30T23:59:00Z", truncate(occurred))
+		}
+		ev.OccurredAt = ev.OccurredAt.UTC()
 	}
 	if !currencyRe.MatchString(ev.Currency) {
 		return Event{}, reject(ReasonBadCurrency, "currency", "%q is not a lowercase ISO 4217 code such as usd", truncate(ev.Currency))

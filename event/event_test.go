@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 const good = `{"customer_id":"c_42","stripe_customer_id":"cus_ABC","amount_cents":2500,"billing_period":"2026-11","currency":"usd"}`
@@ -132,5 +133,24 @@ func TestIdempotencyKey(t *testing.T) {
 	ev2, _ := Parse([]byte(`{"billing_period":"2026-11","amount_cents":2600,"customer_id":"c_42","stripe_customer_id":"cus_ABC","trace":"msg-1700000000000-0"}`), Rules{})
 	if ev1.Key("prod") != ev2.Key("prod") || ev1.Key("prod") != k {
 		t.Fatal("key must not depend on field order, amount, or envelope data")
+	}
+}
+
+// occurred_at is optional, RFC 3339, kept in UTC, and survives Payload.
+func TestOccurredAt(t *testing.T) {
+	t.Parallel()
+	ev, err := Parse([]byte(`{"customer_id":"c_1","stripe_customer_id":"cus_1","amount_cents":100,"billing_period":"2026-11","occurred_at":"2026-11-30T23:59:00+01:00"}`), Rules{StrictFields: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Date(2026, 11, 30, 22, 59, 0, 0, time.UTC); !ev.OccurredAt.Equal(want) || ev.OccurredAt.Location() != time.UTC {
+		t.Fatalf("OccurredAt %v, want %v", ev.OccurredAt, want)
+	}
+	back, err := Parse([]byte(ev.Payload()), Rules{StrictFields: true})
+	if err != nil || back != ev {
+		t.Fatalf("Payload round trip: %+v %v", back, err)
+	}
+	if _, err := Parse([]byte(`{"customer_id":"c_1","stripe_customer_id":"cus_1","amount_cents":100,"billing_period":"2026-11","occurred_at":"yesterday"}`), Rules{}); err == nil || !strings.Contains(err.Error(), ReasonBadOccurredAt) {
+		t.Fatalf("a bad occurred_at: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Payload returns the event as the JSON a producer would put on the stream:
@@ -28,6 +29,10 @@ func (e Event) Payload() string {
 	b.WriteString(e.BillingPeriod)
 	b.WriteString(`","currency":"`)
 	b.WriteString(e.Currency)
+	if !e.OccurredAt.IsZero() {
+		b.WriteString(`","occurred_at":"`)
+		b.WriteString(e.OccurredAt.Format(time.RFC3339Nano))
+	}
 	b.WriteString(`"}`)
 	return b.String()
 }

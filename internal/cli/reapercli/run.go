@@ -90,7 +90,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
 	fs.BoolVar(&o.RequireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
 	fs.Int64Var(&o.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
-	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the five known ones")
+	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the known ones (the five, and the optional occurred_at)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print every decision and change nothing (no Stripe key needed)")
 	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
 	fs.BoolVar(&o.Once, "once", false, "run one pass, wait for its re-drives, and exit")
