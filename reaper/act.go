@@ -210,7 +210,13 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 				wg.Done()
 			}
 		}()
-		out, err := st.proc.Process(workCtx, st.Stream, msgs[0])
+		var out consumer.Outcome
+		var err error
+		if r.team != nil {
+			out, err = r.externalRedrive(workCtx, st, msgs[0])
+		} else {
+			out, err = st.proc.Process(workCtx, st.Stream, msgs[0])
+		}
 		rd := d
 		rd.Time, rd.Kind, rd.Outcome = r.cfg.Clock.Now(), KindRedriven, out
 		if out == consumer.OutcomeRetryLater && errors.Is(err, stripeapi.ErrTransient) {

@@ -48,10 +48,13 @@ type decideConfig struct {
 	// Imported are the periods `consumer import` has run for: their old
 	// consumers are known to be stopped (the runbook stops them first).
 	Imported map[string]bool
+	// External: the rows are a team's own table (Config.ExternalLedger),
+	// holding only the key, a charge id and the team's status.
+	External bool
 }
 
 func (r *Reaper) decideConfig() decideConfig {
-	return decideConfig{MaxDeliveries: r.cfg.MaxDeliveries, Rules: r.cfg.Rules, Imported: r.imported}
+	return decideConfig{MaxDeliveries: r.cfg.MaxDeliveries, Rules: r.cfg.Rules, Imported: r.imported, External: r.team != nil}
 }
 
 // verdict is decideEntry's answer: a Kind and what act needs to carry it out
@@ -83,7 +86,7 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 	}
 	rec, hasRow := &in.Row, in.HasRow
 	var ev event.Event
-	if hasRow && rec.Status.Terminal() && in.Fields[event.PayloadField] == rowEvent(*rec).Payload() {
+	if !cfg.External && hasRow && rec.Status.Terminal() && in.Fields[event.PayloadField] == rowEvent(*rec).Payload() {
 		// Most of a large PEL is usually already billed, and full validation
 		// costs more than everything else in a page: a payload byte for byte
 		// the canonical form of a terminal row's event is that (valid) event.
@@ -110,6 +113,15 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 		// flight") until an operator says it is stopped.
 		v.Kind = KindUnregistered
 		v.Reason = "owner " + pe.Consumer + " never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for " + ev.BillingPeriod
+	case cfg.External && hasRow && externalBilled(*rec):
+		// The team billed it (charged, or a terminal status such as
+		// card_declined) and left it unacked: ack, no Stripe call.
+		v.Kind, v.Reason = KindAlreadyBilled, "team's table: "+string(rec.Status)
+	case cfg.External && hasRow:
+		// A row without a charge and without a terminal status: a shape of
+		// the team's own (a pending row); its consumer decides, not us.
+		v.Kind = KindLeaseLive
+		v.Reason = "the team's table has status " + string(rec.Status) + " without a charge; left to the team's consumer"
 	case hasRow && rec.Status.Terminal():
 		if rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents || rec.Currency != ev.Currency {
 			// A different charge for a billed customer and period: never

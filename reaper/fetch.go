@@ -61,7 +61,7 @@ func (r *Reaper) fetch(ctx context.Context, st *streamState, entries []*entry) (
 			keys = append(keys, k)
 		}
 	}
-	rows, err := r.ledger.Lookup(ctx, keys)
+	rows, err := r.lookupRows(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func (r *Reaper) refetchRows(ctx context.Context, entries []*entry, rows pageRow
 	for i, e := range entries {
 		keys[i] = e.v.Lookup
 	}
-	extra, err := r.ledger.Lookup(ctx, keys)
+	extra, err := r.lookupRows(ctx, keys)
 	if err != nil {
 		return err
 	}

@@ -195,7 +195,9 @@ func (r *Reaper) page(ctx, workCtx context.Context, st *streamState, pend []redi
 			continue
 		}
 		items[i].pe = pe
-		items[i].ownerUnknown = r.ownerUnknown(st, pe.Consumer)
+		// Liveness does not apply to a team's table: its consumers never
+		// register; MinIdle ≥ 2 × ExternalMaxCall guards them instead.
+		items[i].ownerUnknown = r.team == nil && r.ownerUnknown(st, pe.Consumer)
 		entries = append(entries, &items[i])
 	}
 	if len(entries) == 0 {

@@ -123,6 +123,21 @@ type Config struct {
 	// same dead as inside a slow Stripe call.
 	StoppedConsumers []string
 
+	// ExternalLedger names a team's own billing table ("schema.table", the
+	// article's columns customer_id, billing_period, charge_id, status; a
+	// view serves another shape) that is the ledger for this reaper: the
+	// team keeps its consumer and replaces only its stuck-message monitor.
+	// Decisions read that table; re-drives ask Stripe first, charge as the
+	// team's consumer does (Namespace, "Usage billing for {period}", no
+	// metadata; the Stripe adapter must be in charges mode) and write that
+	// table as it does. Liveness (StoppedConsumers, registration) does not
+	// apply: MinIdle ≥ 2 × ExternalMaxCall is the guard instead. See
+	// external.go.
+	ExternalLedger string
+	// ExternalMaxCall is the team consumer's worst-case Stripe call (its
+	// client timeout × attempts); required with ExternalLedger.
+	ExternalMaxCall time.Duration
+
 	// OnDecision, if set, is called for every decision, from the pass's
 	// goroutine and from re-drive goroutines: it must be safe for concurrent
 	// use. cmd/reaper prints dry-run decisions through it.
@@ -183,6 +198,9 @@ func (c *Config) Validate() error {
 	case c.PageWorkers < 1 || c.PageWorkers > 64:
 		return fmt.Errorf("reaper: --page-workers %d must be between 1 and 64", c.PageWorkers)
 	}
+	if err := c.validateExternal(); err != nil {
+		return err
+	}
 	seen := map[string]bool{}
 	for _, s := range c.Streams {
 		if s.Stream == "" || s.Group == "" {
@@ -214,6 +232,8 @@ type Reaper struct {
 	mu       sync.Mutex
 	inFlight map[string]bool // stream + "\x00" + id
 	ledger   *ledger.Ledger
+	// team is the team's table in the external-ledger mode; nil otherwise.
+	team *teamTable
 	// imported is the set of periods with imported history, read each pass;
 	// stopped is Config.StoppedConsumers; alerted, the unregistered
 	// consumers already named in an alert.
@@ -256,9 +276,13 @@ func New(cfg Config) (*Reaper, error) {
 		slots:    make(chan struct{}, cfg.Workers),
 		inFlight: map[string]bool{},
 	}
+	if cfg.ExternalLedger != "" {
+		t, _ := parseTeamTable(cfg.ExternalLedger) // checked by Validate
+		r.team = &t
+	}
 	for _, sg := range cfg.Streams {
 		st := &streamState{StreamGroup: sg}
-		if !cfg.DryRun {
+		if !cfg.DryRun && r.team == nil {
 			// One Processor per stream: its Config names the stream and
 			// group, and it acts under the reaper's own consumer name, the
 			// name the XCLAIM hands entries to.

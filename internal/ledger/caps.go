@@ -73,3 +73,26 @@ func (l *Ledger) Caps(ctx context.Context) ([]Cap, error) {
 		return c, err
 	})
 }
+
+// ReserveCap adds amount to period's reservation inside tx (a transaction
+// of this ledger's pg.DB, so the schema is named), if the cap allows it. It
+// returns the amount reserved (0: no cap and none required), ErrNoCap, or a
+// *CapError. The external-ledger reaper reserves through it in the
+// transaction that takes its lease, as the consumer does in the one that
+// inserts its pending row.
+func ReserveCap(ctx context.Context, tx pgx.Tx, period string, amount int64, require bool) (int64, error) {
+	return reserveCap(ctx, tx, period, amount, require)
+}
+
+// ReleaseCap gives back cents of period's reservation inside tx.
+func ReleaseCap(ctx context.Context, tx pgx.Tx, period string, cents int64) error {
+	if cents <= 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `UPDATE {schema}.spend_caps SET reserved_cents = greatest(0, reserved_cents - $2),
+		updated_at = now() WHERE billing_period = $1`, period, cents)
+	if err != nil {
+		return fmt.Errorf("releasing spend cap for %s: %w", period, err)
+	}
+	return nil
+}

@@ -45,6 +45,8 @@ type RunOptions struct {
 	Schema                string
 	ChargeMetadata        bool
 	StoppedConsumers      string
+	ExternalLedger        string
+	ExternalMaxCall       time.Duration
 	Streams               cli.Streams
 	Group                 string
 	Name, Namespace       string
@@ -76,6 +78,8 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	cli.RegisterSchema(fs, &o.Schema)
 	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each re-drive's charge; false sends the article's request shape (must match the consumers') [PELGUARD_CHARGE_METADATA]")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
+	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
+	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
 	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; must match the consumers' [PELGUARD_NAMESPACE]")
@@ -116,6 +120,9 @@ func (o *RunOptions) Validate() error {
 	for i, p := range pairs {
 		o.streams[i] = reaper.StreamGroup{Stream: p.Stream, Group: p.Group}
 	}
+	if err := o.validateExternal(); err != nil {
+		return err
+	}
 	if o.JSON && !o.DryRun {
 		return cli.Usagef("--json formats --dry-run's decisions; add --dry-run (live decisions are logged at debug)")
 	}
@@ -131,6 +138,25 @@ func (o *RunOptions) Validate() error {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
 	}
 	return cli.ValidateWait(o.WaitForDeps)
+}
+
+// validateExternal checks the --external-ledger flags before anything
+// connects.
+func (o *RunOptions) validateExternal() error {
+	switch {
+	case o.ExternalLedger == "" && o.ExternalMaxCall != 0:
+		return cli.Usagef("--external-max-call applies only with --external-ledger")
+	case o.ExternalLedger == "":
+		return nil
+	case o.ExternalMaxCall <= 0:
+		return cli.Usagef("--external-ledger needs --external-max-call: the team consumer's worst-case Stripe call (its client timeout × attempts)")
+	case o.MinIdle < 2*o.ExternalMaxCall:
+		return cli.Usagef("--min-idle %s is below 2 × --external-max-call %s (= %s): the team's consumers have no heartbeat, so an entry idle less than that may still be inside its Stripe call; raise --min-idle to at least %s",
+			o.MinIdle, o.ExternalMaxCall, 2*o.ExternalMaxCall, 2*o.ExternalMaxCall)
+	case !o.DryRun && o.Stripe.Mode != "charges":
+		return cli.Usagef("--external-ledger re-drives charge as the team's consumer does (Charge.create): add --stripe-mode charges (got %q)", o.Stripe.Mode)
+	}
+	return nil
 }
 
 func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -263,6 +289,7 @@ func (o *RunOptions) config() reaper.Config {
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
 		Rules:  event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
+		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall,
 	}
 }
 
