@@ -2,8 +2,10 @@ package reaper_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/teamsys"
 	"github.com/pelguard/pelguard/internal/testenv"
 	"github.com/pelguard/pelguard/reaper"
@@ -266,4 +269,76 @@ func contains(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// Reclaim while in flight, in external-ledger mode: the team's live
+// consumer is inside Stripe calls slower than the old monitor's min-idle
+// would tolerate, but within --external-max-call. pelguard's reaper, whose
+// min-idle is at least twice that, claims none of its entries and Stripe
+// sees one charge request per customer; the naive monitor with the old
+// threshold reclaims them mid-call (the control: more charge requests than
+// customers; the content-hash key keeps them from charging twice within
+// 24 h, which is why the 25 h test above is the one that counts charges).
+func TestExternalLedgerSlowLiveTeamConsumerIsNotReclaimed(t *testing.T) {
+	t.Parallel()
+	const latency, maxCall = 600 * time.Millisecond, 800 * time.Millisecond
+	for _, naive := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pelguard", true: "naive monitor"}[naive], func(t *testing.T) {
+			t.Parallel()
+			env := teamsys.Setup(t)
+			if err := env.Sim.SetFaults(stripesim.Faults{Latency: stripesim.Latency{Fixed: latency}}); err != nil {
+				t.Fatal(err)
+			}
+			const n = 3
+			for i := range n {
+				env.Publish(t, extEvent(fmt.Sprint(i)))
+			}
+			team := env.Start(t, teamsys.Config{Role: teamsys.RoleConsumer, Consumer: "worker-slow"})
+			var claims atomic.Int64
+			if naive {
+				// The old monitor's threshold, below the Stripe call.
+				m := env.Start(t, teamsys.Config{Role: teamsys.RoleMonitor, MinIdle: latency / 3, Interval: 20 * time.Millisecond})
+				defer m.Stop()
+			} else {
+				pool := testenv.DB(t)
+				sc, err := stripeapi.New(stripeapi.Config{APIKey: teamsys.DefaultStripeKey, BaseURL: env.Sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: -1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := reaper.New(reaper.Config{
+					Redis: env.Redis, DB: pool, Schema: testenv.SchemaOf(pool), Stripe: sc, Name: "reaper-slow",
+					Streams: []reaper.StreamGroup{{Stream: env.Stream, Group: env.Group}},
+					MinIdle: 2 * maxCall, Interval: 20 * time.Millisecond, Namespace: teamsys.IdempotencyNamespace,
+					ExternalLedger: env.Schema + ".billing_records", ExternalMaxCall: maxCall, Logger: testenv.Logger(t),
+					OnDecision: func(d reaper.Decision) {
+						if d.Kind == reaper.KindClaim {
+							claims.Add(1)
+						}
+					},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = r.Stop(context.Background()) }()
+			}
+			testenv.Eventually(t, 60*time.Second, func() bool { return len(env.Rows(t)) == n && env.Pending(t) == 0 }, "billed and acked")
+			team.Stop()
+			total := 0
+			for i := range n {
+				total += len(env.Charges("cus_"+fmt.Sprint(i), extPeriod))
+			}
+			posts := env.Sim.Requests()["POST /v1/charges"]
+			switch {
+			case total != n:
+				t.Fatalf("%d charges for %d customers", total, n)
+			case naive && posts <= n:
+				t.Fatalf("the naive monitor made %d charge requests for %d customers; the control expects reclaims mid-call", posts, n)
+			case !naive && (posts != n || claims.Load() != 0):
+				t.Fatalf("%d charge requests for %d customers and %d claims; want one each and no claim", posts, n, claims.Load())
+			}
+		})
+	}
 }
