@@ -19,6 +19,9 @@ import (
 func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, error) {
 	var fs []Finding
 	for _, e := range c.unkeyed {
+		if e.disputed {
+			fs = append(fs, disputedFinding(Finding{StripeCustomerID: e.stripeCustomer, IdempotencyKey: e.idemKey}, e))
+		}
 		fs = append(fs, Finding{Kind: KindOrphan, Subject: e.id, StripeCustomerID: e.stripeCustomer, ChargeID: e.id,
 			IdempotencyKey: e.idemKey, AmountCents: e.net(), Currency: e.currency,
 			Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
@@ -99,6 +102,13 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		return f
 	}
 
+	for _, e := range es {
+		if e.disputed {
+			f := mk(KindDisputed, e, "", "")
+			fs = append(fs, disputedFinding(f, e))
+		}
+	}
+
 	charged := ok && r.Status == ledger.StatusCharged
 	canonical := ""
 	var dups []entry
@@ -146,6 +156,19 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		fs = append(fs, mk(KindDuplicate, e, canonical, dupDetail(e, canonical)))
 	}
 	return fs
+}
+
+// disputedFinding makes f (which carries the group's fields) the disputed
+// finding of the pelguard charge e: a dispute moves the charge's money
+// whatever the ledger says, so it is reported on its own, once per charge.
+func disputedFinding(f Finding, e entry) Finding {
+	f.Kind, f.Subject, f.ChargeID, f.CanonicalChargeID = KindDisputed, e.id, e.id, ""
+	f.StripeCustomerID, f.AmountCents, f.Currency = e.stripeCustomer, e.net(), e.currency
+	if f.IdempotencyKey == "" {
+		f.IdempotencyKey = e.idemKey
+	}
+	f.Detail = "the customer disputed this charge at Stripe; answer the dispute in the Dashboard, and refund nothing of this period until it closes"
+	return f
 }
 
 func dupDetail(e entry, canonical string) string {
