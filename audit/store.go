@@ -63,19 +63,19 @@ type Finding struct {
 	State State `json:"state"`
 	// Subject is the charge id (duplicate, orphan, mismatch) or the
 	// idempotency key (missing, stuck).
-	Subject           string    `json:"subject"`
-	Legacy            bool      `json:"legacy,omitempty"`
-	CustomerID        string    `json:"customer_id,omitempty"`
-	BillingPeriod     string    `json:"billing_period,omitempty"`
-	StripeCustomerID  string    `json:"stripe_customer_id,omitempty"`
-	ChargeID          string    `json:"charge_id,omitempty"`
-	CanonicalChargeID string    `json:"canonical_charge_id,omitempty"`
-	IdempotencyKey    string    `json:"idempotency_key,omitempty"`
-	AmountCents       int64     `json:"amount_cents,omitempty"`
-	Currency          string    `json:"currency,omitempty"`
-	Detail            string    `json:"detail,omitempty"`
-	RefundID          string    `json:"refund_id,omitempty"`
-	RefundedCents     int64     `json:"refunded_cents,omitempty"`
+	Subject           string `json:"subject"`
+	Legacy            bool   `json:"legacy,omitempty"`
+	CustomerID        string `json:"customer_id,omitempty"`
+	BillingPeriod     string `json:"billing_period,omitempty"`
+	StripeCustomerID  string `json:"stripe_customer_id,omitempty"`
+	ChargeID          string `json:"charge_id,omitempty"`
+	CanonicalChargeID string `json:"canonical_charge_id,omitempty"`
+	IdempotencyKey    string `json:"idempotency_key,omitempty"`
+	AmountCents       int64  `json:"amount_cents,omitempty"`
+	Currency          string `json:"currency,omitempty"`
+	Detail            string `json:"detail,omitempty"`
+	RefundID          string `json:"refund_id,omitempty"`
+	RefundedCents     int64  `json:"refunded_cents,omitempty"`
 	// ResolvedByRunID and Resolution are set when an audit run resolved
 	// the finding by itself (its cause was gone); a finding resolved by
 	// hand has neither.
