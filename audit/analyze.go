@@ -27,6 +27,10 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 			Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
 	}
 	shared := c.sharing()
+	team, err := a.teamCustomers(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	keys := make([]ledger.Key, 0, min(len(c.pelguard), a.cfg.LookupBatch))
 	flush := func() error {
 		recs, err := a.ledger.Lookup(ctx, keys)
@@ -37,7 +41,7 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 			gk := groupKey{k.CustomerID, k.BillingPeriod}
 			es := c.pelguard[gk]
 			r, ok := recs[k]
-			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared), r, ok)...)
+			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared, team), r, ok)...)
 		}
 		keys = keys[:0]
 		return nil
@@ -55,7 +59,7 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 			return nil, err
 		}
 	}
-	lfs, err := a.legacyFindings(ctx, c.legacy, shared)
+	lfs, err := a.legacyFindings(ctx, c.legacy, shared, team)
 	if err != nil {
 		return nil, err
 	}
