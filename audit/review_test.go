@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,5 +229,54 @@ func TestDecideNeedsProof(t *testing.T) {
 		if got := tc.r.decide(tc.f) != ""; got != tc.resolve {
 			t.Errorf("%s: resolved=%v, want %v (%q)", tc.name, got, tc.resolve, tc.r.decide(tc.f))
 		}
+	}
+}
+
+// The canonical refunded by hand, three charges, no ledger row: the next
+// run makes the second charge canonical, resolves its duplicate finding,
+// points the third's open finding at the new canonical (not a new
+// finding), and a refund run refunds only the third.
+func TestCanonicalRefundedElsewhereMovesTheOpenDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	first := b.charge("three", 2500, w0.Add(time.Hour), 0)
+	second := b.charge("three", 2500, w0.Add(2*time.Hour), 0)
+	third := b.charge("three", 2500, w0.Add(3*time.Hour), 0)
+	a := b.auditor(t, nil)
+	rep := b.run(t, a)
+	if k := byKind(rep.Findings); len(k[KindDuplicate]) != 2 || len(k[KindOrphan]) != 1 {
+		t.Fatalf("first run: %+v", rep.Findings)
+	}
+	sc, err := stripeapi.New(b.cfg.Stripe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Refund(ctx, first, 0, "by-hand-"+first); err != nil {
+		t.Fatal(err)
+	}
+	rep = b.run(t, a)
+	k := byKind(rep.Findings)
+	if len(k[KindDuplicate]) != 1 || k[KindDuplicate][0].ChargeID != third || k[KindDuplicate][0].CanonicalChargeID != second ||
+		k[KindDuplicate][0].New {
+		t.Fatalf("second run duplicates %+v, want the known %s now against %s", k[KindDuplicate], third, second)
+	}
+	stored, _ := a.Store().Get(ctx, k[KindDuplicate][0].ID)
+	if stored.CanonicalChargeID != second {
+		t.Fatalf("stored canonical %s, want %s", stored.CanonicalChargeID, second)
+	}
+	resolved := map[string]bool{}
+	for _, f := range rep.Resolved {
+		resolved[f.Subject] = true
+	}
+	if len(rep.Resolved) != 2 || !resolved[first] || !resolved[second] {
+		t.Fatalf("resolved %+v, want the orphan %s and the duplicate %s", rep.Resolved, first, second)
+	}
+	if got := b.refundAll(t, a); len(got) != 2 || !slices.Contains(got, third) || !slices.Contains(got, first) {
+		// first's refund is the hand-made one.
+		t.Fatalf("refunds %v, want the hand refund of %s and pelguard's of %s", got, first, third)
+	}
+	if ch, _ := b.sim.Charge(second); ch.AmountRefunded != 0 {
+		t.Fatalf("the new canonical %s was refunded", second)
 	}
 }
