@@ -19,11 +19,18 @@ import (
 func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, error) {
 	var fs []Finding
 	for _, e := range c.unkeyed {
+		if e.disputed {
+			fs = append(fs, disputedFinding(Finding{StripeCustomerID: e.stripeCustomer, IdempotencyKey: e.idemKey}, e))
+		}
 		fs = append(fs, Finding{Kind: KindOrphan, Subject: e.id, StripeCustomerID: e.stripeCustomer, ChargeID: e.id,
 			IdempotencyKey: e.idemKey, AmountCents: e.net(), Currency: e.currency,
 			Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
 	}
 	shared := c.sharing()
+	team, err := a.teamCustomers(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	keys := make([]ledger.Key, 0, min(len(c.pelguard), a.cfg.LookupBatch))
 	flush := func() error {
 		recs, err := a.ledger.Lookup(ctx, keys)
@@ -34,7 +41,7 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 			gk := groupKey{k.CustomerID, k.BillingPeriod}
 			es := c.pelguard[gk]
 			r, ok := recs[k]
-			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared), r, ok)...)
+			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared, team), r, ok)...)
 		}
 		keys = keys[:0]
 		return nil
@@ -52,7 +59,7 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 			return nil, err
 		}
 	}
-	lfs, err := a.legacyFindings(ctx, c.legacy, shared)
+	lfs, err := a.legacyFindings(ctx, c.legacy, shared, team)
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +104,13 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 			}
 		}
 		return f
+	}
+
+	for _, e := range es {
+		if e.disputed {
+			f := mk(KindDisputed, e, "", "")
+			fs = append(fs, disputedFinding(f, e))
+		}
 	}
 
 	charged := ok && r.Status == ledger.StatusCharged
@@ -146,6 +160,19 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		fs = append(fs, mk(KindDuplicate, e, canonical, dupDetail(e, canonical)))
 	}
 	return fs
+}
+
+// disputedFinding makes f (which carries the group's fields) the disputed
+// finding of the pelguard charge e: a dispute moves the charge's money
+// whatever the ledger says, so it is reported on its own, once per charge.
+func disputedFinding(f Finding, e entry) Finding {
+	f.Kind, f.Subject, f.ChargeID, f.CanonicalChargeID = KindDisputed, e.id, e.id, ""
+	f.StripeCustomerID, f.AmountCents, f.Currency = e.stripeCustomer, e.net(), e.currency
+	if f.IdempotencyKey == "" {
+		f.IdempotencyKey = e.idemKey
+	}
+	f.Detail = "the customer disputed this charge at Stripe; answer the dispute in the Dashboard, and refund nothing of this period until it closes"
+	return f
 }
 
 func dupDetail(e entry, canonical string) string {

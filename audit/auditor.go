@@ -80,6 +80,9 @@ type Report struct {
 	// detected findings still open (resolved and dismissed ones are not).
 	NewFindings  int `json:"new_findings"`
 	OpenFindings int `json:"open_findings"`
+	// Resolved lists the open findings this run resolved by itself, each
+	// with its Resolution (see review.go).
+	Resolved []Finding `json:"resolved,omitempty"`
 
 	Duration time.Duration `json:"duration_ns"`
 	// Refund is set when AutoRefund ran after the audit.
@@ -129,7 +132,7 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 	// "running" would look stuck to an operator.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := a.store.finishRun(fctx, rep.RunID, rep.ChargesScanned, rep.NewFindings, runErr, a.cfg.Clock.Now()); err != nil {
+	if err := a.store.finishRun(fctx, rep.RunID, rep.ChargesScanned, rep.NewFindings, len(rep.Resolved), runErr, a.cfg.Clock.Now()); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
 	if runErr != nil {
@@ -139,7 +142,7 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 	}
 	a.log.Info("audit run finished", slog.Int64("run_id", rep.RunID), slog.Int64("charges_scanned", rep.ChargesScanned),
 		slog.Int64("pages", rep.Pages), slog.Int("findings", len(rep.Findings)), slog.Int("new_findings", rep.NewFindings),
-		slog.Int("open_findings", rep.OpenFindings), slog.Duration("duration", rep.Duration))
+		slog.Int("open_findings", rep.OpenFindings), slog.Int("resolved_findings", len(rep.Resolved)), slog.Duration("duration", rep.Duration))
 	a.alert(ctx, rep)
 
 	if a.cfg.AutoRefund {
@@ -203,11 +206,16 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 		return fmt.Errorf("reading the ledger's charged rows: %w", err)
 	}
 	rep.LedgerCharged = int64(len(want))
+	rv, err := a.newReviewer(ctx, w.Period, want)
+	if err != nil {
+		return err
+	}
 
 	// A charge is created before the ledger records it, so the listing
 	// starts ChargeLag earlier than the ledger's window.
 	listFrom := w.From.Add(-a.cfg.ChargeLag)
 	c := newCollector(w.Period, a.legacyRE, want)
+	c.review = rv
 	pagesBefore := a.pages.Load()
 	stop := a.startProgress(c, &a.pages, pagesBefore)
 	err = a.list(ctx, listFrom, w.To, c)
@@ -258,8 +266,17 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 		}
 		return cmpStrings(x.Subject, y.Subject)
 	})
+	// One finding per (kind, subject), as the table keeps them.
+	fs = slices.CompactFunc(fs, func(x, y Finding) bool { return x.Kind == y.Kind && x.Subject == y.Subject })
 	if err := a.store.insertFindings(ctx, rep.RunID, fs); err != nil {
 		return err
+	}
+	if rep.Resolved, err = a.resolveFindings(ctx, rep.RunID, rv, fs, want); err != nil {
+		return err
+	}
+	for _, f := range rep.Resolved {
+		a.log.Info("finding resolved by the run", slog.Int64("finding_id", f.ID), slog.String("kind", string(f.Kind)),
+			slog.String("subject", f.Subject), slog.String("resolution", f.Resolution))
 	}
 	rep.Findings = fs
 	for _, f := range fs {

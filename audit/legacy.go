@@ -126,14 +126,19 @@ func (c *collector) sharing() map[groupKey]int {
 // takeLegacy removes from c and returns the legacy charges that belong with
 // the pelguard group k: those of its Stripe customers and period that no
 // other pelguard group shares.
-func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int) []entry {
+//
+// Nor do they join when the team's customers (team) say that Stripe
+// customer stands for several of them: the old charge may be another
+// customer's only charge, and joining would make it a refundable duplicate
+// of this group's.
+func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int, team teamMap) []entry {
 	if len(shared) == 0 {
 		return nil
 	}
 	var out []entry
 	stripeCustomers(es, func(s string) {
 		sk := groupKey{s, k.period}
-		if shared[sk] == 1 {
+		if shared[sk] == 1 && len(team[s]) < 2 {
 			out = append(out, c.legacy[sk]...)
 			delete(c.legacy, sk)
 		}
@@ -145,7 +150,10 @@ func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int) 
 // against the ledger rows of their Stripe customer and period, LookupBatch
 // keys per query. A group shared by several pelguard groups is compared
 // among its unmarked charges only, without the ledger.
-func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entry, shared map[groupKey]int) ([]Finding, error) {
+//
+// A Stripe customer that stands for several of the team's customers (team)
+// is split by customer instead (splitLegacy), with the period's rows.
+func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entry, shared map[groupKey]int, team teamMap) ([]Finding, error) {
 	var fs []Finding
 	keys := make([]ledger.StripeKey, 0, min(len(groups), a.cfg.LookupBatch))
 	flush := func() error {
@@ -155,13 +163,17 @@ func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entr
 		}
 		for _, sk := range keys {
 			k := groupKey{sk.StripeCustomerID, sk.BillingPeriod}
+			if tc := team[k.customer]; len(tc) > 1 {
+				fs = append(fs, splitLegacy(k, groups[k], rows[sk], tc)...)
+				continue
+			}
 			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0)...)
 		}
 		keys = keys[:0]
 		return nil
 	}
 	for k, es := range groups {
-		if n := shared[k]; n > 1 {
+		if n := shared[k]; n > 1 && len(team[k.customer]) < 2 {
 			fs = append(fs, legacyGroupFindings(k, es, nil, n)...)
 			continue
 		}

@@ -21,10 +21,22 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nscanned %d charges in %d pages (%d pelguard, %d legacy) against %d charged ledger rows in %s\n",
 		r.ChargesScanned, r.Pages, r.PelguardCharges, r.LegacyCharges, r.LedgerCharged, r.Duration.Round(time.Millisecond))
-	fmt.Fprintf(w, "findings: %d detected, %d new, %d open\n", len(r.Findings), r.NewFindings, r.OpenFindings)
+	fmt.Fprintf(w, "findings: %d detected, %d new, %d open, %d resolved by this run\n", len(r.Findings), r.NewFindings,
+		r.OpenFindings, len(r.Resolved))
 	if len(r.Findings) > 0 {
 		fmt.Fprintln(w)
 		if err := WriteFindings(w, r.Findings); err != nil {
+			return err
+		}
+	}
+	if len(r.Resolved) > 0 {
+		fmt.Fprintln(w, "\nresolved by this run:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tKIND\tSUBJECT\tRESOLUTION")
+		for _, f := range r.Resolved {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", f.ID, f.Kind, f.Subject, f.Resolution)
+		}
+		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}

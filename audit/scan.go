@@ -29,6 +29,8 @@ type entry struct {
 	// intent is the charge's PaymentIntent id: a ledger row may record the
 	// intent rather than the charge.
 	intent string
+	// disputed is Stripe's charge.disputed.
+	disputed bool
 }
 
 // net is what the charge still holds: a fully refunded charge is not a
@@ -62,6 +64,8 @@ type collector struct {
 	// ledger cannot be asked about them, so each is an orphan.
 	unkeyed []entry
 	wanted  wanted
+	// review, when set, is told of the charges open findings name.
+	review *reviewer
 
 	// strs interns the strings that repeat across charges (periods,
 	// currencies), so 100,000 charges do not hold 100,000 copies of "usd".
@@ -95,13 +99,16 @@ func (c *collector) add(page []stripeapi.Charge, known recorded) {
 	defer c.mu.Unlock()
 	for i := range page {
 		ch := &page[i]
+		c.review.note(ch.ID, fact{status: ch.Status, net: ch.AmountCents - ch.AmountRefundedCents,
+			disputed: ch.Disputed, intent: ch.PaymentIntentID})
 		if ch.Status != "succeeded" {
 			continue
 		}
 		delete(c.wanted, ch.ID)
 		delete(c.wanted, ch.PaymentIntentID)
 		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
-			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID}
+			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID,
+			disputed: ch.Disputed}
 		md := ch.Metadata
 		if stripeapi.IsPelguard(md) {
 			c.pelguardN.Add(1)

@@ -29,10 +29,21 @@ const (
 	KindAmountMismatch Kind = "amount_mismatch"
 	// KindStuckPending: a pending row nobody has worked on for a long time.
 	KindStuckPending Kind = "stuck_pending"
+	// KindDisputed: a customer disputed a pelguard charge (Stripe's
+	// charge.disputed). Its money is in motion until the dispute closes;
+	// the refund command never refunds a finding of this kind.
+	KindDisputed Kind = "disputed"
+	// KindAmbiguousLegacy: a legacy (unmarked) charge billed to a Stripe
+	// customer that stands for several of the team's customers, which
+	// nothing on the charge tells apart: it may be a second charge of one
+	// customer or the only charge of another. Reported for a person to
+	// decide, never refunded by pelguard.
+	KindAmbiguousLegacy Kind = "ambiguous_legacy"
 )
 
 // Kinds lists every kind, most urgent first.
-var Kinds = []Kind{KindDuplicate, KindOrphan, KindMissing, KindAmountMismatch, KindStuckPending}
+var Kinds = []Kind{KindDuplicate, KindOrphan, KindMissing, KindAmountMismatch, KindDisputed,
+	KindAmbiguousLegacy, KindStuckPending}
 
 // State is where a finding stands.
 type State string
@@ -52,20 +63,25 @@ type Finding struct {
 	State State `json:"state"`
 	// Subject is the charge id (duplicate, orphan, mismatch) or the
 	// idempotency key (missing, stuck).
-	Subject           string    `json:"subject"`
-	Legacy            bool      `json:"legacy,omitempty"`
-	CustomerID        string    `json:"customer_id,omitempty"`
-	BillingPeriod     string    `json:"billing_period,omitempty"`
-	StripeCustomerID  string    `json:"stripe_customer_id,omitempty"`
-	ChargeID          string    `json:"charge_id,omitempty"`
-	CanonicalChargeID string    `json:"canonical_charge_id,omitempty"`
-	IdempotencyKey    string    `json:"idempotency_key,omitempty"`
-	AmountCents       int64     `json:"amount_cents,omitempty"`
-	Currency          string    `json:"currency,omitempty"`
-	Detail            string    `json:"detail,omitempty"`
-	RefundID          string    `json:"refund_id,omitempty"`
-	RefundedCents     int64     `json:"refunded_cents,omitempty"`
-	CreatedAt         time.Time `json:"created_at"`
+	Subject           string `json:"subject"`
+	Legacy            bool   `json:"legacy,omitempty"`
+	CustomerID        string `json:"customer_id,omitempty"`
+	BillingPeriod     string `json:"billing_period,omitempty"`
+	StripeCustomerID  string `json:"stripe_customer_id,omitempty"`
+	ChargeID          string `json:"charge_id,omitempty"`
+	CanonicalChargeID string `json:"canonical_charge_id,omitempty"`
+	IdempotencyKey    string `json:"idempotency_key,omitempty"`
+	AmountCents       int64  `json:"amount_cents,omitempty"`
+	Currency          string `json:"currency,omitempty"`
+	Detail            string `json:"detail,omitempty"`
+	RefundID          string `json:"refund_id,omitempty"`
+	RefundedCents     int64  `json:"refunded_cents,omitempty"`
+	// ResolvedByRunID and Resolution are set when an audit run resolved
+	// the finding by itself (its cause was gone); a finding resolved by
+	// hand has neither.
+	ResolvedByRunID int64     `json:"resolved_by_run_id,omitempty"`
+	Resolution      string    `json:"resolution,omitempty"`
+	CreatedAt       time.Time `json:"created_at"`
 	// New is set in a run's report for findings that run inserted.
 	New bool `json:"new,omitempty"`
 }
@@ -83,21 +99,26 @@ func NewStore(pool *pgxpool.Pool, schema string) *Store {
 const findingCols = `id, kind, state, subject, legacy, coalesce(customer_id, ''), coalesce(billing_period, ''),
 	coalesce(stripe_customer_id, ''), coalesce(charge_id, ''), coalesce(canonical_charge_id, ''),
 	coalesce(idempotency_key, ''), coalesce(amount_cents, 0), coalesce(currency, ''), detail,
-	coalesce(refund_id, ''), coalesce(refunded_cents, 0), created_at`
+	coalesce(refund_id, ''), coalesce(refunded_cents, 0), coalesce(resolved_by_run_id, 0),
+	coalesce(resolution, ''), created_at`
 
 func scanFinding(row pgx.Row) (Finding, error) {
 	var f Finding
 	var kind, state string
 	err := row.Scan(&f.ID, &kind, &state, &f.Subject, &f.Legacy, &f.CustomerID, &f.BillingPeriod,
 		&f.StripeCustomerID, &f.ChargeID, &f.CanonicalChargeID, &f.IdempotencyKey, &f.AmountCents,
-		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.CreatedAt)
+		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.ResolvedByRunID, &f.Resolution, &f.CreatedAt)
 	f.Kind, f.State = Kind(kind), State(state)
 	return f, err
 }
 
-// insertFindings stores fs (ON CONFLICT (kind, subject) DO NOTHING, so a
-// rerun adds nothing and a resolved finding stays resolved) and fills in
-// each one's id, state and New flag from what the table now holds.
+// insertFindings stores fs and fills in each one's id, state and New flag
+// from what the table now holds. A finding already known is not added
+// again; if it is still open, what this run saw replaces its canonical
+// charge, amount and detail (a canonical refunded elsewhere makes another
+// charge the canonical one: a refund must be judged against that one). A
+// resolved, dismissed or refunded finding is left exactly as it is: a rerun
+// never reopens or rewrites it.
 func (s *Store) insertFindings(ctx context.Context, runID int64, fs []Finding) error {
 	const chunk = 1000
 	for start := 0; start < len(fs); start += chunk {
@@ -127,10 +148,13 @@ func (s *Store) insertFindings(ctx context.Context, runID int64, fs []Finding) e
 					nullif(stripe_customer_id, ''), nullif(charge_id, ''), nullif(canonical_charge_id, ''),
 					nullif(idempotency_key, ''), amount_cents, nullif(currency, ''), detail, $13
 				FROM input
-				ON CONFLICT (kind, subject) DO NOTHING
-				RETURNING id, kind, subject, state
+				ON CONFLICT (kind, subject) DO UPDATE SET canonical_charge_id = excluded.canonical_charge_id,
+					amount_cents = excluded.amount_cents, detail = excluded.detail, updated_at = now()
+				WHERE audit_findings.state = 'open' AND (audit_findings.canonical_charge_id, audit_findings.amount_cents,
+					audit_findings.detail) IS DISTINCT FROM (excluded.canonical_charge_id, excluded.amount_cents, excluded.detail)
+				RETURNING id, kind, subject, state, xmax = 0 AS inserted
 			)
-			SELECT i.kind, i.subject, coalesce(ins.id, f.id), coalesce(ins.state, f.state), ins.id IS NOT NULL
+			SELECT i.kind, i.subject, coalesce(ins.id, f.id), coalesce(ins.state, f.state), coalesce(ins.inserted, false)
 			FROM input i
 			LEFT JOIN ins ON ins.kind = i.kind AND ins.subject = i.subject
 			LEFT JOIN {schema}.audit_findings f ON f.kind = i.kind AND f.subject = i.subject`,
@@ -248,6 +272,42 @@ func (s *Store) markRefunded(ctx context.Context, id int64, refundID string, cen
 	return nil
 }
 
+// openFindings lists the open findings a run of period (empty: any) may
+// re-check, oldest first.
+func (s *Store) openFindings(ctx context.Context, period string) ([]Finding, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM {schema}.audit_findings
+		WHERE state = 'open' AND ($1 = '' OR billing_period = $1) ORDER BY id`, period)
+	if err != nil {
+		return nil, fmt.Errorf("listing open findings: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Finding, error) { return scanFinding(r) })
+	if err != nil {
+		return nil, fmt.Errorf("listing open findings: %w", err)
+	}
+	return out, nil
+}
+
+// resolveByRun marks the open findings of rs resolved by run runID, each
+// with its reason. A finding that stopped being open meanwhile (refunded,
+// dismissed by an operator) is left as it is.
+func (s *Store) resolveByRun(ctx context.Context, runID int64, rs []resolution) (int, error) {
+	if len(rs) == 0 {
+		return 0, nil
+	}
+	ids, why := make([]int64, len(rs)), make([]string, len(rs))
+	for i, r := range rs {
+		ids[i], why[i] = r.id, r.reason
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_findings f SET state = 'resolved', resolved_by_run_id = $1,
+		resolution = r.reason, updated_at = now()
+		FROM unnest($2::bigint[], $3::text[]) AS r(id, reason)
+		WHERE f.id = r.id AND f.state = 'open'`, runID, ids, why)
+	if err != nil {
+		return 0, fmt.Errorf("resolving %d findings: %w", len(rs), err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // openDuplicates lists open duplicate findings, oldest first.
 func (s *Store) openDuplicates(ctx context.Context) ([]Finding, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+findingCols+` FROM {schema}.audit_findings
@@ -297,7 +357,7 @@ func (s *Store) startRun(ctx context.Context, w Window, manual bool, now time.Ti
 	return id, nil
 }
 
-func (s *Store) finishRun(ctx context.Context, id int64, scanned int64, newFindings int, runErr error, now time.Time) error {
+func (s *Store) finishRun(ctx context.Context, id int64, scanned int64, newFindings, resolved int, runErr error, now time.Time) error {
 	status, msg := "ok", (*string)(nil)
 	if runErr != nil {
 		status = "failed"
@@ -305,7 +365,7 @@ func (s *Store) finishRun(ctx context.Context, id int64, scanned int64, newFindi
 		msg = &m
 	}
 	_, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_runs SET finished_at = $2, status = $3, charges_scanned = $4,
-		findings_new = $5, error = $6 WHERE id = $1`, id, now, status, scanned, newFindings, msg)
+		findings_new = $5, error = $6, findings_resolved = $7 WHERE id = $1`, id, now, status, scanned, newFindings, msg, resolved)
 	if err != nil {
 		return fmt.Errorf("recording the end of audit run %d: %w", id, err)
 	}

@@ -149,3 +149,33 @@ func TestConstraints(t *testing.T) {
 		t.Error("reservation above cap accepted")
 	}
 }
+
+// 00006: the finding kinds the auditor stores, and a finding resolved by a
+// run always says why.
+func TestFindingConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	var run int64
+	if err := pool.QueryRow(ctx, `INSERT INTO audit_runs (window_from, window_to) VALUES (now() - interval '1 hour', now()) RETURNING id`).Scan(&run); err != nil {
+		t.Fatal(err)
+	}
+	ins := `INSERT INTO audit_findings (kind, subject, state, resolved_by_run_id, resolution) VALUES ($1, $2, $3, $4, $5)`
+	for _, k := range []string{"disputed", "ambiguous_legacy", "duplicate_charge"} {
+		if _, err := pool.Exec(ctx, ins, k, "s_"+k, "open", nil, nil); err != nil {
+			t.Errorf("kind %s refused: %v", k, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, ins, "bogus", "s1", "open", nil, nil); err == nil {
+		t.Error("unknown kind accepted")
+	}
+	if _, err := pool.Exec(ctx, ins, "orphan_charge", "s2", "open", run, "why"); err == nil {
+		t.Error("an open finding resolved by a run accepted")
+	}
+	if _, err := pool.Exec(ctx, ins, "orphan_charge", "s3", "resolved", run, nil); err == nil {
+		t.Error("a finding resolved by a run without a reason accepted")
+	}
+	if _, err := pool.Exec(ctx, ins, "orphan_charge", "s4", "resolved", run, "the ledger now records it"); err != nil {
+		t.Errorf("a finding resolved by a run refused: %v", err)
+	}
+}

@@ -84,6 +84,7 @@ type leanCharge[P intent] struct {
 	Amount         int64             `json:"amount"`
 	AmountRefunded int64             `json:"amount_refunded"`
 	Refunded       bool              `json:"refunded"`
+	Disputed       bool              `json:"disputed"`
 	Status         string            `json:"status"`
 	Currency       string            `json:"currency"`
 	Description    string            `json:"description"`
@@ -135,7 +136,7 @@ func (l *leanCharge[P]) charge() Charge {
 		ID: l.ID, PaymentIntentID: pi, StripeCustomerID: l.Customer,
 		Currency: l.Currency, Status: l.Status, Description: l.Description,
 		AmountCents: l.Amount, AmountRefundedCents: l.AmountRefunded, Refunded: l.Refunded,
-		Created: time.Unix(l.Created, 0).UTC(), Metadata: l.Metadata,
+		Disputed: l.Disputed, Created: time.Unix(l.Created, 0).UTC(), Metadata: l.Metadata,
 	}
 	// A charge made by a PaymentIntent may lack the intent's metadata:
 	// then take it from the expanded intent.

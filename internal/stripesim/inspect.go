@@ -43,6 +43,8 @@ type ChargeSeed struct {
 	// description (PaymentIntent is then ignored). Config's
 	// ChargeOmitsIntentMetadata applies.
 	ViaIntent bool
+	// Disputed seeds a charge a customer has disputed (charge.disputed).
+	Disputed bool
 }
 
 // SeedCharge stores a charge directly and returns it. Seeding in created
@@ -60,7 +62,7 @@ func (s *Server) SeedCharge(seed ChargeSeed) Charge {
 		id: id, seq: seq, created: created.Unix(), customer: seed.Customer, amount: seed.Amount,
 		amountRefunded: seed.AmountRefunded, currency: cmp.Or(seed.Currency, "usd"),
 		description: seed.Description, status: cmp.Or(seed.Status, "succeeded"),
-		paymentIntent: seed.PaymentIntent, metadata: maps.Clone(seed.Metadata),
+		paymentIntent: seed.PaymentIntent, metadata: maps.Clone(seed.Metadata), disputed: seed.Disputed,
 	}
 	if ch.status == "failed" {
 		ch.failureCode, ch.failureMessage = "card_declined", "Your card was declined."

@@ -78,6 +78,7 @@ type charge struct {
 	livemode       bool
 	idemKey        string
 	refunds        index[*refund]
+	disputed       bool
 }
 
 func (c *charge) sortKey() sortKey { return sortKey{c.created, c.seq} }
@@ -202,6 +203,7 @@ type chargeJSON struct {
 	Currency       string            `json:"currency"`
 	Customer       *string           `json:"customer"`
 	Description    *string           `json:"description"`
+	Disputed       bool              `json:"disputed"`
 	FailureCode    *string           `json:"failure_code"`
 	FailureMessage *string           `json:"failure_message"`
 	Livemode       bool              `json:"livemode"`
@@ -219,7 +221,7 @@ func (c *charge) json() chargeJSON {
 	out := chargeJSON{
 		ID: c.id, Object: "charge", Amount: c.amount, AmountRefunded: c.amountRefunded,
 		Captured: ok, Created: c.created, Currency: c.currency, Customer: nilIfEmpty(c.customer),
-		Description: nilIfEmpty(c.description), FailureCode: nilIfEmpty(c.failureCode),
+		Description: nilIfEmpty(c.description), Disputed: c.disputed, FailureCode: nilIfEmpty(c.failureCode),
 		FailureMessage: nilIfEmpty(c.failureMessage), Livemode: c.livemode, Metadata: nonNil(c.metadata),
 		Paid: ok, PaymentMethod: nilIfEmpty(c.paymentMethod),
 		Refunded: ok && c.amountRefunded >= c.amount, Status: c.status,
