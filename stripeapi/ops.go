@@ -41,7 +41,10 @@ type Charge struct {
 	AmountCents         int64
 	AmountRefundedCents int64
 	Refunded            bool
-	Created             time.Time
+	// Disputed is Stripe's charge.disputed: a dispute (chargeback) was
+	// opened on the charge; Stripe keeps it set whatever the outcome.
+	Disputed bool
+	Created  time.Time
 	// Metadata is the charge's metadata or, for a charge of a PaymentIntent
 	// whose own metadata is empty, the intent's metadata (from expand).
 	Metadata map[string]string
@@ -391,6 +394,7 @@ func toCharge(ch *stripe.Charge) Charge {
 		AmountCents:         ch.Amount,
 		AmountRefundedCents: ch.AmountRefunded,
 		Refunded:            ch.Refunded,
+		Disputed:            ch.Disputed,
 		Created:             time.Unix(ch.Created, 0).UTC(),
 		Metadata:            ch.Metadata,
 	}

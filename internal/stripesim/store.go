@@ -21,6 +21,7 @@ type store struct {
 	intents    map[string]*intent
 	refunds    map[string]*refund
 	allRefunds index[*refund]
+	disputes   map[string]*dispute
 }
 
 func newStore() *store {
@@ -30,6 +31,7 @@ func newStore() *store {
 		byCustomer: make(map[string]*index[*charge]),
 		intents:    make(map[string]*intent),
 		refunds:    make(map[string]*refund),
+		disputes:   make(map[string]*dispute),
 	}
 }
 
@@ -39,7 +41,7 @@ func (st *store) drop() {
 	defer st.mu.Unlock()
 	fresh := newStore()
 	st.customers, st.charges, st.byCustomer = fresh.customers, fresh.charges, fresh.byCustomer
-	st.intents, st.refunds = fresh.intents, fresh.refunds
+	st.intents, st.refunds, st.disputes = fresh.intents, fresh.refunds, fresh.disputes
 	st.allCharges, st.allRefunds = index[*charge]{}, index[*refund]{}
 }
 
@@ -78,6 +80,9 @@ type charge struct {
 	livemode       bool
 	idemKey        string
 	refunds        index[*refund]
+	// disputed is Stripe's charge.disputed: a dispute was opened on it
+	// (Dispute). Stripe keeps the flag whatever the dispute's outcome.
+	disputed bool
 }
 
 func (c *charge) sortKey() sortKey { return sortKey{c.created, c.seq} }
@@ -202,6 +207,7 @@ type chargeJSON struct {
 	Currency       string            `json:"currency"`
 	Customer       *string           `json:"customer"`
 	Description    *string           `json:"description"`
+	Disputed       bool              `json:"disputed"`
 	FailureCode    *string           `json:"failure_code"`
 	FailureMessage *string           `json:"failure_message"`
 	Livemode       bool              `json:"livemode"`
@@ -219,7 +225,7 @@ func (c *charge) json() chargeJSON {
 	out := chargeJSON{
 		ID: c.id, Object: "charge", Amount: c.amount, AmountRefunded: c.amountRefunded,
 		Captured: ok, Created: c.created, Currency: c.currency, Customer: nilIfEmpty(c.customer),
-		Description: nilIfEmpty(c.description), FailureCode: nilIfEmpty(c.failureCode),
+		Description: nilIfEmpty(c.description), Disputed: c.disputed, FailureCode: nilIfEmpty(c.failureCode),
 		FailureMessage: nilIfEmpty(c.failureMessage), Livemode: c.livemode, Metadata: nonNil(c.metadata),
 		Paid: ok, PaymentMethod: nilIfEmpty(c.paymentMethod),
 		Refunded: ok && c.amountRefunded >= c.amount, Status: c.status,
