@@ -52,20 +52,23 @@ type Finding struct {
 	State State `json:"state"`
 	// Subject is the charge id (duplicate, orphan, mismatch) or the
 	// idempotency key (missing, stuck).
-	Subject           string    `json:"subject"`
-	Legacy            bool      `json:"legacy,omitempty"`
-	CustomerID        string    `json:"customer_id,omitempty"`
-	BillingPeriod     string    `json:"billing_period,omitempty"`
-	StripeCustomerID  string    `json:"stripe_customer_id,omitempty"`
-	ChargeID          string    `json:"charge_id,omitempty"`
-	CanonicalChargeID string    `json:"canonical_charge_id,omitempty"`
-	IdempotencyKey    string    `json:"idempotency_key,omitempty"`
-	AmountCents       int64     `json:"amount_cents,omitempty"`
-	Currency          string    `json:"currency,omitempty"`
-	Detail            string    `json:"detail,omitempty"`
-	RefundID          string    `json:"refund_id,omitempty"`
-	RefundedCents     int64     `json:"refunded_cents,omitempty"`
-	CreatedAt         time.Time `json:"created_at"`
+	Subject           string `json:"subject"`
+	Legacy            bool   `json:"legacy,omitempty"`
+	CustomerID        string `json:"customer_id,omitempty"`
+	BillingPeriod     string `json:"billing_period,omitempty"`
+	StripeCustomerID  string `json:"stripe_customer_id,omitempty"`
+	ChargeID          string `json:"charge_id,omitempty"`
+	CanonicalChargeID string `json:"canonical_charge_id,omitempty"`
+	IdempotencyKey    string `json:"idempotency_key,omitempty"`
+	AmountCents       int64  `json:"amount_cents,omitempty"`
+	Currency          string `json:"currency,omitempty"`
+	Detail            string `json:"detail,omitempty"`
+	RefundID          string `json:"refund_id,omitempty"`
+	RefundedCents     int64  `json:"refunded_cents,omitempty"`
+	// RefundSkipReason is why the last refund run left it open
+	// ("code: reason", see SkipCode).
+	RefundSkipReason string    `json:"refund_skip_reason,omitempty"`
+	CreatedAt        time.Time `json:"created_at"`
 	// New is set in a run's report for findings that run inserted.
 	New bool `json:"new,omitempty"`
 }
@@ -83,14 +86,14 @@ func NewStore(pool *pgxpool.Pool, schema string) *Store {
 const findingCols = `id, kind, state, subject, legacy, coalesce(customer_id, ''), coalesce(billing_period, ''),
 	coalesce(stripe_customer_id, ''), coalesce(charge_id, ''), coalesce(canonical_charge_id, ''),
 	coalesce(idempotency_key, ''), coalesce(amount_cents, 0), coalesce(currency, ''), detail,
-	coalesce(refund_id, ''), coalesce(refunded_cents, 0), created_at`
+	coalesce(refund_id, ''), coalesce(refunded_cents, 0), coalesce(refund_skip_reason, ''), created_at`
 
 func scanFinding(row pgx.Row) (Finding, error) {
 	var f Finding
 	var kind, state string
 	err := row.Scan(&f.ID, &kind, &state, &f.Subject, &f.Legacy, &f.CustomerID, &f.BillingPeriod,
 		&f.StripeCustomerID, &f.ChargeID, &f.CanonicalChargeID, &f.IdempotencyKey, &f.AmountCents,
-		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.CreatedAt)
+		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.RefundSkipReason, &f.CreatedAt)
 	f.Kind, f.State = Kind(kind), State(state)
 	return f, err
 }
@@ -231,21 +234,6 @@ func (s *Store) setState(ctx context.Context, id int64, to State, from ...State)
 		return Finding{}, fmt.Errorf("setting finding %d to %s: %w", id, to, err)
 	}
 	return f, nil
-}
-
-// markRefunded records a refund; only an open finding can become refunded,
-// so a finding refunded twice by two operators is impossible.
-func (s *Store) markRefunded(ctx context.Context, id int64, refundID string, cents int64, at time.Time) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_findings SET state = 'refunded', refund_id = $2,
-		refunded_cents = $3, refunded_at = $4, updated_at = now() WHERE id = $1 AND state = 'open'`,
-		id, refundID, cents, at)
-	if err != nil {
-		return fmt.Errorf("recording refund %s on finding %d: %w", refundID, id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("recording refund %s on finding %d: %w", refundID, id, ErrState)
-	}
-	return nil
 }
 
 // openDuplicates lists open duplicate findings, oldest first.

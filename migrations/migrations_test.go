@@ -17,8 +17,8 @@ func tables(t *testing.T, ctx context.Context, m interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st) != 4 {
-		t.Fatalf("want 4 migrations, got %d", len(st))
+	if len(st) != 5 {
+		t.Fatalf("want 5 migrations, got %d", len(st))
 	}
 	for _, s := range st {
 		if s.Applied {
@@ -43,10 +43,10 @@ func TestUpDownUp(t *testing.T) {
 	if p, _ := m.Pending(ctx); !p {
 		t.Fatal("fresh schema should have pending migrations")
 	}
-	if v, err := m.Up(ctx); err != nil || len(v) != 4 {
+	if v, err := m.Up(ctx); err != nil || len(v) != 5 {
 		t.Fatalf("up: %v %v", v, err)
 	}
-	if n := tables(t, ctx, m); n != 4 {
+	if n := tables(t, ctx, m); n != 5 {
 		t.Fatalf("after up: %d applied", n)
 	}
 	for _, tbl := range []string{"billing_records", "spend_caps", "audit_runs", "audit_findings"} {
@@ -55,7 +55,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("table %s missing after up (%v)", tbl, err)
 		}
 	}
-	if v, err := m.Down(ctx); err != nil || len(v) != 4 {
+	if v, err := m.Down(ctx); err != nil || len(v) != 5 {
 		t.Fatalf("down: %v %v", v, err)
 	}
 	var ok bool
@@ -63,7 +63,7 @@ func TestUpDownUp(t *testing.T) {
 	if ok || tables(t, ctx, m) != 0 {
 		t.Fatal("down left billing_records behind")
 	}
-	if v, err := m.Up(ctx); err != nil || len(v) != 4 {
+	if v, err := m.Up(ctx); err != nil || len(v) != 5 {
 		t.Fatalf("up again: %v %v", v, err)
 	}
 	if p, _ := m.Pending(ctx); p {
@@ -98,8 +98,8 @@ func TestConcurrentUp(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
-	if applied[0]+applied[1] != 4 {
-		t.Fatalf("migrations applied %v times, want 3 in total", applied)
+	if applied[0]+applied[1] != 5 {
+		t.Fatalf("migrations applied %v times, want 5 in total", applied)
 	}
 }
 

@@ -69,7 +69,9 @@ type ImportResult struct {
 // Import records what a team billed before pelguard: terminal rows
 // (charged with the real charge id, or declined), no lease, epoch 1,
 // attempts 0 (pelguard made no attempt). A key the ledger already has is
-// left as it is and returned as Existing, so a rerun changes nothing.
+// left as it is and returned as Existing, so a rerun changes nothing. Each
+// key's shared lock is held to the commit, so an import cannot record a
+// charge for a key while a refund of that key is deciding.
 func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, error) {
 	out := make([]ImportResult, 0, len(recs))
 	tx, err := l.pool.Begin(ctx)
@@ -84,6 +86,9 @@ func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, err
 		}
 		var chargeID *string
 		var chargedAt *time.Time
+		if err := l.lockKeysShared(ctx, tx, r.Key); err != nil {
+			return nil, err
+		}
 		if r.Status == StatusCharged {
 			chargeID, chargedAt = &r.ChargeID, &r.ChargedAt
 		}
