@@ -71,7 +71,9 @@ type ImportResult struct {
 // attempts 0 (pelguard made no attempt). A key the ledger already has is
 // left as it is and returned as Existing, so a rerun changes nothing. Each
 // key's shared lock is held to the commit, so an import cannot record a
-// charge for a key while a refund of that key is deciding.
+// charge for a key while a refund of that key is deciding, and a charge
+// pelguard refunded as a duplicate is refused (ErrChargeRefunded, nothing
+// imported).
 func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, error) {
 	out := make([]ImportResult, 0, len(recs))
 	tx, err := l.pool.Begin(ctx)
@@ -91,6 +93,16 @@ func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, err
 		}
 		if r.Status == StatusCharged {
 			chargeID, chargedAt = &r.ChargeID, &r.ChargedAt
+			var refunded bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.refund_ledger WHERE charge_id = $1)`,
+				r.ChargeID).Scan(&refunded); err != nil {
+				return nil, fmt.Errorf("importing %s: %w", r.Key, err)
+			}
+			if refunded {
+				// Its canonical charge is another one: importing this would
+				// make a refunded charge the key's charge.
+				return nil, fmt.Errorf("importing %s: charge %s: %w", r.Key, r.ChargeID, ErrChargeRefunded)
+			}
 		}
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,

@@ -55,3 +55,18 @@ func (l *Ledger) LockKey(ctx context.Context, tx pgx.Tx, k Key) error {
 // the schema token, for callers that combine ledger locks with their own
 // writes (the auditor's refunds).
 func (l *Ledger) Begin(ctx context.Context) (pgx.Tx, error) { return l.pool.Begin(ctx) }
+
+// KeyLockWaiters counts the transactions waiting for k's lock, so a test
+// can see a refund or a ledger write blocked on it without sleeping.
+func (l *Ledger) KeyLockWaiters(ctx context.Context, k Key) (int, error) {
+	var n int
+	err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1 || '/' || $2 || '/' || $3, 0)`,
+		l.Schema(), k.CustomerID, k.BillingPeriod).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("counting waiters for the ledger key lock of %s: %w", k, err)
+	}
+	return n, nil
+}
