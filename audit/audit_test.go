@@ -10,7 +10,6 @@ import (
 
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
-	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // world is a seeded window with every finding kind and clean look-alikes.
@@ -485,10 +484,10 @@ func TestAutoRefundWithinCaps(t *testing.T) {
 	}
 }
 
-// A duplicate refunded by hand after the audit must not block the others:
-// Stripe refuses its refund, it is skipped with the reason, the rest are
-// refunded, and a partly hand-refunded duplicate gets only its remainder.
-func TestRefundSkipsWhatStripeRefusesAndGoesOn(t *testing.T) {
+// A duplicate refunded by hand after the audit, wholly or in part, is no
+// longer what the audit saw: it is skipped with the reason (recorded on the
+// finding) and must not block the others, which are refunded.
+func TestRefundSkipsDuplicatesChangedByHandAndGoesOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	w := b.world(t)
@@ -497,26 +496,37 @@ func TestRefundSkipsWhatStripeRefusesAndGoesOn(t *testing.T) {
 	if _, err := a.Run(ctx, Window{From: w0, To: w1}); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := stripeapi.New(stripeapi.Config{APIKey: "sk_test_hand", BaseURL: b.sim.URL(), MaxNetworkRetries: -1})
-	if err != nil {
+	if _, err := b.sim.RefundByHand(w.dup, 0); err != nil { // the whole duplicate, by hand
 		t.Fatal(err)
 	}
-	if _, err := sc.Refund(ctx, w.dup, 0, "by-hand-1"); err != nil { // the whole duplicate, by hand
-		t.Fatal(err)
-	}
-	if _, err := sc.Refund(ctx, w.late, 100, "by-hand-2"); err != nil { // part of another
+	if _, err := b.sim.RefundByHand(w.late, 100); err != nil { // part of another
 		t.Fatal(err)
 	}
 	rr, err := a.Refund(ctx, RefundOptions{MaxRefunds: 100, MaxCents: 1_000_000})
 	if err != nil {
-		t.Fatalf("one refused refund must not fail the run: %v", err)
+		t.Fatalf("skipped refunds must not fail the run: %v", err)
 	}
-	if len(rr.Refunded) != 2 || len(rr.Skipped) != 1 || rr.Skipped[0].ChargeID != w.dup {
-		t.Fatalf("refunded %d skipped %+v", len(rr.Refunded), rr.Skipped)
+	if len(rr.Refunded) != 1 || rr.Refunded[0].ChargeID != w.partial || len(rr.Skipped) != 2 {
+		t.Fatalf("refunded %+v skipped %+v", rr.Refunded, rr.Skipped)
 	}
-	for _, id := range []string{w.dup, w.partial, w.late} {
-		if ch, _ := b.sim.Charge(id); !ch.Refunded || ch.AmountRefunded != ch.Amount {
-			t.Errorf("duplicate %s not fully refunded: refunded %d of %d", id, ch.AmountRefunded, ch.Amount)
+	for _, s := range rr.Skipped {
+		if s.SkipCode != SkipDuplicateChanged {
+			t.Errorf("%s skipped with %s (%s)", s.ChargeID, s.SkipCode, s.Skipped)
+		}
+	}
+	if n := b.sim.Requests()["POST /v1/refunds"]; n != 1 {
+		t.Fatalf("%d refund POSTs, want 1", n)
+	}
+	if ch, _ := b.sim.Charge(w.late); ch.AmountRefunded != 100 {
+		t.Errorf("the partly hand-refunded duplicate was refunded further: %d", ch.AmountRefunded)
+	}
+	fs, _ := a.Store().Findings(ctx, Filter{Kind: KindDuplicate, State: StateOpen})
+	if len(fs) != 2 {
+		t.Fatalf("%d open duplicates, want 2", len(fs))
+	}
+	for _, f := range fs {
+		if !strings.HasPrefix(f.RefundSkipReason, string(SkipDuplicateChanged)+": ") {
+			t.Errorf("finding %d does not say why: %q", f.ID, f.RefundSkipReason)
 		}
 	}
 }

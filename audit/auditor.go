@@ -146,7 +146,7 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 	a.alert(ctx, rep)
 
 	if a.cfg.AutoRefund {
-		rr, err := a.refund(ctx, RefundOptions{MaxRefunds: a.cfg.MaxRefunds, MaxCents: a.cfg.MaxCents})
+		rr, err := a.refund(ctx, RefundOptions{MaxRefunds: a.cfg.MaxRefunds, MaxCents: a.cfg.MaxCents, Source: SourceAutoRefund})
 		rep.Refund = &rr
 		if err != nil {
 			a.alertKey(err)

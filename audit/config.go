@@ -59,6 +59,12 @@ const (
 	DefaultMaxRefunds = 10
 	// DefaultMaxCents is 1,000.00 in minor units.
 	DefaultMaxCents int64 = 100_000
+	// DefaultMaxRefunds24h and DefaultMaxCents24h are the rolling caps: at
+	// most 30 refunds and 3,000.00 in minor units in any 24 h, over every
+	// refund pelguard makes (three full runs at the per-run defaults).
+	DefaultMaxRefunds24h = 30
+	// DefaultMaxCents24h is 3,000.00 in minor units.
+	DefaultMaxCents24h int64 = 300_000
 	// DefaultProgressInterval is how often progress is written.
 	DefaultProgressInterval = time.Second
 	// DefaultCommandName is how the alert spells the refund command.
@@ -110,6 +116,17 @@ type Config struct {
 	AutoRefund bool
 	MaxRefunds int
 	MaxCents   int64
+	// MaxRefunds24h and MaxCents24h are the rolling refund caps (default
+	// DefaultMaxRefunds24h, DefaultMaxCents24h): refunds pelguard made in
+	// the last 24 h, persisted in refund_ledger and shared by every run and
+	// every process that refunds; a refund that would pass either is
+	// skipped. Sums of cents add minor units across currencies, as the
+	// per-run cap does.
+	MaxRefunds24h int
+	MaxCents24h   int64
+
+	// Test holds hooks for tests only; production leaves it zero.
+	Test TestConfig
 
 	// Progress, when set, receives a one-line progress report every
 	// ProgressInterval during the listing (a terminal's stderr).
@@ -131,6 +148,8 @@ func (c Config) withDefaults() Config {
 	c.LegacyPattern = cmp.Or(c.LegacyPattern, DefaultLegacyPattern)
 	c.MaxRefunds = cmp.Or(c.MaxRefunds, DefaultMaxRefunds)
 	c.MaxCents = cmp.Or(c.MaxCents, DefaultMaxCents)
+	c.MaxRefunds24h = cmp.Or(c.MaxRefunds24h, DefaultMaxRefunds24h)
+	c.MaxCents24h = cmp.Or(c.MaxCents24h, DefaultMaxCents24h)
 	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.CommandName = cmp.Or(c.CommandName, DefaultCommandName)
 	if c.Logger == nil {
@@ -170,6 +189,9 @@ func (c Config) Validate() error {
 	if c.MaxRefunds < 0 || c.MaxCents < 0 {
 		errs = append(errs, errors.New("MaxRefunds and MaxCents must not be negative"))
 	}
+	if c.MaxRefunds24h < 0 || c.MaxCents24h < 0 {
+		errs = append(errs, errors.New("MaxRefunds24h and MaxCents24h must not be negative (0 takes the default)"))
+	}
 	if c.LegacyPattern != "" {
 		re, err := regexp.Compile(c.LegacyPattern)
 		if err != nil {
@@ -179,6 +201,13 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TestConfig holds hooks that let tests drive interleavings without sleeps.
+type TestConfig struct {
+	// BeforeRefund runs right before a refund's POST, with the key's ledger
+	// lock and the refund ledger's lock held and both charges re-read.
+	BeforeRefund func(Finding)
 }
 
 // Window is the span of charge creation times a run audits. The zero Window

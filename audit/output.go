@@ -82,13 +82,17 @@ func (r RefundReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", x.FindingID, x.ChargeID, x.CanonicalChargeID, money(x.AmountCents, x.Currency), dash(x.RefundID))
 	}
 	for _, x := range r.Skipped {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t-\tskipped: %s\n", x.FindingID, x.ChargeID, x.CanonicalChargeID, money(x.AmountCents, x.Currency), x.Skipped)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t-\tskipped (%s): %s\n", x.FindingID, x.ChargeID, x.CanonicalChargeID, money(x.AmountCents, x.Currency), x.SkipCode, x.Skipped)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if r.StoppedBy != "" {
-		fmt.Fprintf(w, "stopped by --%s: %d duplicate(s) left open; run again with a higher cap\n", r.StoppedBy, r.Remaining)
+		fmt.Fprintf(w, "caps left %d duplicate(s) open (first: --%s); a later run refunds them, or raise the cap\n", r.Remaining, r.StoppedBy)
+	}
+	if r.Rolling.MaxRefunds > 0 {
+		fmt.Fprintf(w, "last 24 h: %d of %d refunds, %s of %s (--max-refunds-24h, --max-cents-24h)\n", r.Rolling.Refunds,
+			r.Rolling.MaxRefunds, money(r.Rolling.Cents, ""), money(r.Rolling.MaxCents, ""))
 	}
 	return nil
 }

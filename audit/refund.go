@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/pelguard/pelguard/stripeapi"
+	"github.com/pelguard/pelguard/alerts"
 )
 
 // RefundKeyPrefix prefixes the idempotency key of every refund: one key per
@@ -15,20 +15,32 @@ import (
 // the same refund at Stripe (invariant 6).
 const RefundKeyPrefix = "pelguard-refund-"
 
+// Who asked for a refund, as refund_ledger records it.
+const (
+	SourceRefundCommand = "auditor refund"
+	SourceAutoRefund    = "auto-refund"
+)
+
 // RefundOptions selects what one refund run may do.
 type RefundOptions struct {
 	// FindingID refunds that one duplicate finding; 0 means every open
 	// duplicate, oldest first.
 	FindingID int64
-	// MaxRefunds and MaxCents cap the run; 0 takes the Config's caps. The
-	// run stops at the first refund that would pass either.
+	// MaxRefunds and MaxCents cap the run; 0 takes the Config's caps. A
+	// duplicate that would pass either is skipped and the run goes on. The
+	// rolling caps (Config.MaxRefunds24h, MaxCents24h) apply on top, to
+	// every run together.
 	MaxRefunds int
 	MaxCents   int64
-	// DryRun reports what would be refunded and changes nothing.
+	// DryRun reports what would be refunded and changes nothing (it still
+	// re-reads both charges at Stripe).
 	DryRun bool
 	// LockWait is how long to wait for another refund run; 0 fails at once
 	// with ErrLocked.
 	LockWait time.Duration
+	// Source names who asked (refund_ledger.source); default
+	// SourceRefundCommand.
+	Source string
 }
 
 // RefundResult is one refunded (or, in a dry run, refundable) duplicate.
@@ -42,8 +54,19 @@ type RefundResult struct {
 	AmountCents       int64  `json:"amount_cents"`
 	Currency          string `json:"currency"`
 	RefundID          string `json:"refund_id,omitempty"`
-	// Skipped says why a finding was left open (never refunded).
-	Skipped string `json:"skipped,omitempty"`
+	// SkipCode names why a finding was left open (one of the Skip*
+	// constants); Skipped says it in words. Both empty when refunded.
+	SkipCode SkipCode `json:"skip_code,omitempty"`
+	Skipped  string   `json:"skipped,omitempty"`
+}
+
+// RollingUsage is what the rolling refund cap has used in the last 24 h
+// (every refund pelguard made, whoever asked) and what it allows.
+type RollingUsage struct {
+	Refunds    int   `json:"refunds"`
+	Cents      int64 `json:"cents"`
+	MaxRefunds int   `json:"max_refunds"`
+	MaxCents   int64 `json:"max_cents"`
 }
 
 // RefundReport is what one refund run did.
@@ -52,23 +75,33 @@ type RefundReport struct {
 	Refunded      []RefundResult `json:"refunded"`
 	Skipped       []RefundResult `json:"skipped,omitempty"`
 	RefundedCents int64          `json:"refunded_cents"`
-	// StoppedBy names the cap that stopped the run ("max-refunds",
-	// "max-cents"), and Remaining how many duplicates it left open.
+	// StoppedBy names the first cap that left a duplicate open
+	// ("max-refunds", "max-cents", "max-refunds-24h", "max-cents-24h"), and
+	// Remaining how many duplicates the caps left open (each is also in
+	// Skipped).
 	StoppedBy string `json:"stopped_by,omitempty"`
 	Remaining int    `json:"remaining"`
+	// Rolling is the rolling cap's use after the run.
+	Rolling RollingUsage `json:"rolling_24h"`
 }
 
 // Refund refunds open duplicate findings with reason "duplicate", one
-// idempotency key per charge, within the caps, and records each refund id.
-// It never refunds a canonical charge: not the finding's, not the one the
-// ledger records, and not one whose canonical charge Stripe may lack.
+// idempotency key per charge, within the per-run and rolling caps, and
+// records each refund. Right before each refund it re-reads the ledger and
+// both charges at Stripe, holding the key's ledger lock until the refund is
+// recorded, and refuses what is no longer a duplicate: it never refunds a
+// canonical charge (invariant 6). What cannot be refunded now (refused, over
+// a cap, a transient Stripe error) is skipped with its reason, recorded on
+// the finding, and the run goes on with the next.
 func (a *Auditor) Refund(ctx context.Context, opts RefundOptions) (RefundReport, error) {
 	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRefund, opts.LockWait)
 	if err != nil {
 		return RefundReport{DryRun: opts.DryRun}, err
 	}
 	defer lock.release()
-	return a.refundLocked(ctx, opts)
+	rep, err := a.refundLocked(ctx, opts)
+	a.alertSkipped(rep)
+	return rep, err
 }
 
 // refund is Refund for AutoRefund: a refund run already in progress
@@ -82,14 +115,26 @@ func (a *Auditor) refund(ctx context.Context, opts RefundOptions) (RefundReport,
 	return rr, err
 }
 
+// refundRun is one run's budget: its caps and what it has used.
+type refundRun struct {
+	opts     RefundOptions
+	maxN     int
+	maxCents int64
+	n        int
+	cents    int64
+}
+
 func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundReport, error) {
 	rep := RefundReport{DryRun: opts.DryRun}
-	maxN, maxCents := opts.MaxRefunds, opts.MaxCents
-	if maxN <= 0 {
-		maxN = a.cfg.MaxRefunds
+	run := &refundRun{opts: opts, maxN: opts.MaxRefunds, maxCents: opts.MaxCents}
+	if run.maxN <= 0 {
+		run.maxN = a.cfg.MaxRefunds
 	}
-	if maxCents <= 0 {
-		maxCents = a.cfg.MaxCents
+	if run.maxCents <= 0 {
+		run.maxCents = a.cfg.MaxCents
+	}
+	if run.opts.Source == "" {
+		run.opts.Source = SourceRefundCommand
 	}
 	var todo []Finding
 	if opts.FindingID != 0 {
@@ -109,96 +154,64 @@ func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundR
 		}
 	}
 
-	for i, f := range todo {
+	for _, f := range todo {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
 		res := RefundResult{FindingID: f.ID, ChargeID: f.ChargeID, CanonicalChargeID: f.CanonicalChargeID,
 			CustomerID: f.CustomerID, StripeCustomerID: f.StripeCustomerID, BillingPeriod: f.BillingPeriod,
 			AmountCents: f.AmountCents, Currency: f.Currency}
-		if why, err := a.refusal(ctx, f); err != nil {
+		refundID, sk, err := a.refundOne(ctx, f, run)
+		if err != nil {
 			return rep, err
-		} else if why != "" {
-			res.Skipped = why
+		}
+		if sk != nil {
+			res.SkipCode, res.Skipped = sk.code, sk.reason
 			rep.Skipped = append(rep.Skipped, res)
-			a.log.Warn("refund refused", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID), slog.String("reason", why))
+			if sk.code.isCap() {
+				rep.Remaining++
+				if rep.StoppedBy == "" {
+					rep.StoppedBy = sk.code.capName()
+				}
+			}
+			a.log.Warn("refund skipped", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID),
+				slog.String("code", string(sk.code)), slog.String("reason", sk.reason))
+			if !opts.DryRun {
+				a.recordSkip(ctx, f.ID, *sk)
+			}
 			continue
 		}
-		switch {
-		case len(rep.Refunded) >= maxN:
-			rep.StoppedBy = "max-refunds"
-		case rep.RefundedCents+f.AmountCents > maxCents:
-			rep.StoppedBy = "max-cents"
-		}
-		if rep.StoppedBy != "" {
-			rep.Remaining = len(todo) - i
-			a.log.Warn("refund run stopped by its cap", slog.String("cap", rep.StoppedBy), slog.Int("remaining", rep.Remaining),
-				slog.Int("max_refunds", maxN), slog.Int64("max_cents", maxCents))
-			break
-		}
-		if !opts.DryRun {
-			// Amount 0 refunds whatever the charge still holds: if someone
-			// refunded part of it by hand since the audit, asking for the
-			// audited amount would be refused forever.
-			re, err := a.stripe.Refund(ctx, f.ChargeID, 0, RefundKeyPrefix+f.ChargeID)
-			if err != nil && !errors.Is(err, stripeapi.ErrTransient) {
-				// Permanent for this charge (already refunded by hand, a
-				// dispute, a closed account): skip it, say why, and go on,
-				// so one such finding cannot block every later refund.
-				res.Skipped = "Stripe refused the refund: " + err.Error()
-				rep.Skipped = append(rep.Skipped, res)
-				a.log.Warn("refund refused by Stripe; skipped", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID), slog.Any("error", err))
-				continue
-			}
-			if err != nil {
-				rep.Remaining = len(todo) - i
-				return rep, fmt.Errorf("refunding duplicate %s (finding %d): %w", f.ChargeID, f.ID, err)
-			}
-			res.RefundID = re.ID
-			// Stripe has refunded; record it even if the caller gives up
-			// now, or the next run would refund again (the key would then
-			// replay the same refund, but only within 24 hours).
-			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			err = a.store.markRefunded(mctx, f.ID, re.ID, re.AmountCents, a.cfg.Clock.Now())
-			cancel()
-			if err != nil {
-				return rep, err
-			}
-			a.log.Info("refunded duplicate charge", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID),
-				slog.String("canonical_charge_id", f.CanonicalChargeID), slog.String("refund_id", re.ID),
-				slog.Int64("amount_cents", f.AmountCents), slog.String("currency", f.Currency))
-		}
+		res.RefundID = refundID
 		rep.Refunded = append(rep.Refunded, res)
 		rep.RefundedCents += f.AmountCents
+		if !opts.DryRun {
+			a.log.Info("refunded duplicate charge", slog.Int64("finding_id", f.ID), slog.String("charge_id", f.ChargeID),
+				slog.String("canonical_charge_id", f.CanonicalChargeID), slog.String("refund_id", refundID),
+				slog.Int64("amount_cents", f.AmountCents), slog.String("currency", f.Currency))
+		}
+	}
+	used, err := a.rollingUsage(ctx, a.ledger.DB())
+	if err != nil {
+		return rep, err
+	}
+	rep.Rolling = RollingUsage{Refunds: used.n, Cents: used.cents, MaxRefunds: a.cfg.MaxRefunds24h, MaxCents: a.cfg.MaxCents24h}
+	if rep.StoppedBy != "" {
+		a.log.Warn("refund caps left duplicates open", slog.String("cap", rep.StoppedBy), slog.Int("remaining", rep.Remaining),
+			slog.Int("max_refunds", run.maxN), slog.Int64("max_cents", run.maxCents),
+			slog.Int("max_refunds_24h", a.cfg.MaxRefunds24h), slog.Int64("max_cents_24h", a.cfg.MaxCents24h))
 	}
 	return rep, nil
 }
 
-// refusal returns why f must not be refunded, or "" when it may.
-func (a *Auditor) refusal(ctx context.Context, f Finding) (string, error) {
-	switch {
-	case f.ChargeID == "" || f.CanonicalChargeID == "":
-		return "finding names no charge or no canonical charge", nil
-	case f.ChargeID == f.CanonicalChargeID:
-		return "the charge is the canonical charge", nil
-	case f.AmountCents <= 0:
-		return "nothing left to refund", nil
+// alertSkipped tells Slack what a refund run left open and why.
+func (a *Auditor) alertSkipped(rep RefundReport) {
+	if a.cfg.Notifier == nil || rep.DryRun || len(rep.Skipped) == 0 {
+		return
 	}
-	// Invariant 6, checked against the source of truth at the moment of the
-	// refund, not only against what the audit saw: no row of the ledger may
-	// record this charge, whatever customer the finding names (a legacy
-	// finding may name none, and an import may have recorded the charge
-	// since the audit).
-	recs, err := a.ledger.ByChargeIDs(ctx, []string{f.ChargeID})
-	if err != nil {
-		return "", fmt.Errorf("checking the ledger before refunding %s: %w", f.ChargeID, err)
+	in := alerts.RefundSkippedInput{Refunded: len(rep.Refunded), RefundedCents: rep.RefundedCents}
+	for _, s := range rep.Skipped {
+		in.Skipped = append(in.Skipped, alerts.SkippedRefund{FindingID: s.FindingID, ChargeID: s.ChargeID,
+			AmountCents: s.AmountCents, Currency: s.Currency, Code: string(s.SkipCode), Reason: s.Skipped})
 	}
-	if _, ok := recs[f.ChargeID]; ok {
-		return "the ledger records this charge as the canonical charge", nil
-	}
-	missing, err := a.store.openMissing(ctx, f.CanonicalChargeID)
-	if err != nil {
-		return "", err
-	}
-	if missing {
-		return "the canonical charge has an open missing_charge finding", nil
-	}
-	return "", nil
+	a.cfg.Notifier.Notify(alerts.RefundSkipped(in))
 }

@@ -79,9 +79,12 @@ type Finding struct {
 	// ResolvedByRunID and Resolution are set when an audit run resolved
 	// the finding by itself (its cause was gone); a finding resolved by
 	// hand has neither.
-	ResolvedByRunID int64     `json:"resolved_by_run_id,omitempty"`
-	Resolution      string    `json:"resolution,omitempty"`
-	CreatedAt       time.Time `json:"created_at"`
+	ResolvedByRunID int64  `json:"resolved_by_run_id,omitempty"`
+	Resolution      string `json:"resolution,omitempty"`
+	// RefundSkipReason is why the last refund run left it open
+	// ("code: reason", see SkipCode).
+	RefundSkipReason string    `json:"refund_skip_reason,omitempty"`
+	CreatedAt        time.Time `json:"created_at"`
 	// New is set in a run's report for findings that run inserted.
 	New bool `json:"new,omitempty"`
 }
@@ -100,14 +103,14 @@ const findingCols = `id, kind, state, subject, legacy, coalesce(customer_id, '')
 	coalesce(stripe_customer_id, ''), coalesce(charge_id, ''), coalesce(canonical_charge_id, ''),
 	coalesce(idempotency_key, ''), coalesce(amount_cents, 0), coalesce(currency, ''), detail,
 	coalesce(refund_id, ''), coalesce(refunded_cents, 0), coalesce(resolved_by_run_id, 0),
-	coalesce(resolution, ''), created_at`
+	coalesce(resolution, ''), coalesce(refund_skip_reason, ''), created_at`
 
 func scanFinding(row pgx.Row) (Finding, error) {
 	var f Finding
 	var kind, state string
 	err := row.Scan(&f.ID, &kind, &state, &f.Subject, &f.Legacy, &f.CustomerID, &f.BillingPeriod,
 		&f.StripeCustomerID, &f.ChargeID, &f.CanonicalChargeID, &f.IdempotencyKey, &f.AmountCents,
-		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.ResolvedByRunID, &f.Resolution, &f.CreatedAt)
+		&f.Currency, &f.Detail, &f.RefundID, &f.RefundedCents, &f.ResolvedByRunID, &f.Resolution, &f.RefundSkipReason, &f.CreatedAt)
 	f.Kind, f.State = Kind(kind), State(state)
 	return f, err
 }
@@ -255,21 +258,6 @@ func (s *Store) setState(ctx context.Context, id int64, to State, from ...State)
 		return Finding{}, fmt.Errorf("setting finding %d to %s: %w", id, to, err)
 	}
 	return f, nil
-}
-
-// markRefunded records a refund; only an open finding can become refunded,
-// so a finding refunded twice by two operators is impossible.
-func (s *Store) markRefunded(ctx context.Context, id int64, refundID string, cents int64, at time.Time) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE {schema}.audit_findings SET state = 'refunded', refund_id = $2,
-		refunded_cents = $3, refunded_at = $4, updated_at = now() WHERE id = $1 AND state = 'open'`,
-		id, refundID, cents, at)
-	if err != nil {
-		return fmt.Errorf("recording refund %s on finding %d: %w", refundID, id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("recording refund %s on finding %d: %w", refundID, id, ErrState)
-	}
-	return nil
 }
 
 // openFindings lists the open findings a run of period (empty: any) may

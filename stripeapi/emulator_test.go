@@ -402,3 +402,28 @@ func TestEmulatorRefund(t *testing.T) {
 		t.Fatalf("fully refunded charge still counted")
 	}
 }
+
+// GetCharge reports what was done behind pelguard's back: a partial refund
+// by hand and a dispute.
+func TestEmulatorGetChargeSeesRefundsByHandAndDisputes(t *testing.T) {
+	t.Parallel()
+	srv := newSim(t, stripesim.Config{})
+	c := simClient(t, srv, stripeapi.Config{})
+	ch, err := c.Charge(t.Context(), pelguardReq("c_g", "2026-11", 2500))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetCharge(t.Context(), ch.ID); err != nil || got.Disputed || got.AmountRefundedCents != 0 || got.Status != "succeeded" {
+		t.Fatalf("fresh charge %+v %v", got, err)
+	}
+	if _, err := srv.RefundByHand(ch.ID, 500); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Dispute(ch.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetCharge(t.Context(), ch.ID)
+	if err != nil || !got.Disputed || got.AmountRefundedCents != 500 || got.Refunded {
+		t.Fatalf("after refund by hand and dispute %+v %v", got, err)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ReserveNew is Reserve's fast path for a batch of first deliveries: one
@@ -85,8 +87,9 @@ type Charged struct {
 // FinishCharged records many charged outcomes in one fenced statement (group
 // commit: one round trip and one WAL flush for every charge finished while
 // the previous batch was being written). It returns the keys it recorded;
-// a key missing from the result lost its lease (ErrLeaseLost semantics:
-// do not ack it).
+// a key missing from the result lost its lease, or names a charge pelguard
+// refunded (ErrLeaseLost or ErrChargeRefunded semantics: do not ack it).
+// The statement holds every key's shared lock (keylock.go).
 func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool, error) {
 	done := make(map[Key]bool, len(cs))
 	if len(cs) == 0 {
@@ -106,25 +109,40 @@ func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool,
 		}
 		cust[i], per[i], ch[i], ep[i] = c.Record.CustomerID, c.Record.BillingPeriod, c.ChargeID, c.Record.Epoch
 	}
-	rows, err := l.pool.Query(ctx, `
-		UPDATE {schema}.billing_records b SET status = 'charged', charge_id = u.ch, charged_at = $5,
-			lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, ch)
-		WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.status = 'pending'
-		RETURNING b.customer_id, b.billing_period`, cust, per, ep, ch, now)
-	if err != nil {
-		return nil, fmt.Errorf("recording %d charges: %w", len(cs), err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k Key
-		if err := rows.Scan(&k.CustomerID, &k.BillingPeriod); err != nil {
-			return nil, fmt.Errorf("recording charges: %w", err)
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		keys := make([]Key, len(cs))
+		for i, c := range cs {
+			keys[i] = c.Record.Key
 		}
-		done[k] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("recording %d charges: %w", len(cs), err)
+		if err := l.lockKeysShared(ctx, tx, keys...); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			UPDATE {schema}.billing_records b SET status = 'charged', charge_id = u.ch, charged_at = $5,
+				lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(c, p, e, ch)
+			WHERE b.customer_id = u.c AND b.billing_period = u.p AND b.epoch = u.e AND b.status = 'pending'
+				AND NOT EXISTS (SELECT 1 FROM {schema}.refund_ledger f WHERE f.charge_id = u.ch)
+			RETURNING b.customer_id, b.billing_period`, cust, per, ep, ch, now)
+		if err != nil {
+			return fmt.Errorf("recording %d charges: %w", len(cs), err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k Key
+			if err := rows.Scan(&k.CustomerID, &k.BillingPeriod); err != nil {
+				return fmt.Errorf("recording charges: %w", err)
+			}
+			done[k] = true
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("recording %d charges: %w", len(cs), err)
+		}
+		return nil
+	})
+	if err != nil {
+		clear(done)
+		return nil, err
 	}
 	return done, nil
 }

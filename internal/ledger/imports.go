@@ -69,7 +69,11 @@ type ImportResult struct {
 // Import records what a team billed before pelguard: terminal rows
 // (charged with the real charge id, or declined), no lease, epoch 1,
 // attempts 0 (pelguard made no attempt). A key the ledger already has is
-// left as it is and returned as Existing, so a rerun changes nothing.
+// left as it is and returned as Existing, so a rerun changes nothing. Each
+// key's shared lock is held to the commit, so an import cannot record a
+// charge for a key while a refund of that key is deciding, and a charge
+// pelguard refunded as a duplicate is refused (ErrChargeRefunded, nothing
+// imported).
 func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, error) {
 	out := make([]ImportResult, 0, len(recs))
 	tx, err := l.pool.Begin(ctx)
@@ -84,8 +88,21 @@ func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, err
 		}
 		var chargeID *string
 		var chargedAt *time.Time
+		if err := l.lockKeysShared(ctx, tx, r.Key); err != nil {
+			return nil, err
+		}
 		if r.Status == StatusCharged {
 			chargeID, chargedAt = &r.ChargeID, &r.ChargedAt
+			var refunded bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.refund_ledger WHERE charge_id = $1)`,
+				r.ChargeID).Scan(&refunded); err != nil {
+				return nil, fmt.Errorf("importing %s: %w", r.Key, err)
+			}
+			if refunded {
+				// Its canonical charge is another one: importing this would
+				// make a refunded charge the key's charge.
+				return nil, fmt.Errorf("importing %s: charge %s: %w", r.Key, r.ChargeID, ErrChargeRefunded)
+			}
 		}
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,

@@ -221,17 +221,37 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 		if out.ChargeID == "" {
 			return Record{}, errors.New("ledger: a charged outcome needs a charge id")
 		}
-		r, err := scanRecord(l.pool.QueryRow(ctx, `
-			UPDATE {schema}.billing_records SET status = 'charged', charge_id = $4, charged_at = $5,
-				lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
-			WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
-			RETURNING `+recordCols,
-			rec.CustomerID, rec.BillingPeriod, rec.Epoch, out.ChargeID, now))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return Record{}, fmt.Errorf("recording charge %s on %s (epoch %d): %w", out.ChargeID, rec.Key, rec.Epoch, ErrLeaseLost)
-		}
+		var r Record
+		err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+			if err := l.lockKeysShared(ctx, tx, rec.Key); err != nil {
+				return err
+			}
+			var err error
+			r, err = scanRecord(tx.QueryRow(ctx, `
+				UPDATE {schema}.billing_records SET status = 'charged', charge_id = $4, charged_at = $5,
+					lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $5
+				WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
+					AND NOT EXISTS (SELECT 1 FROM {schema}.refund_ledger f WHERE f.charge_id = $4)
+				RETURNING `+recordCols,
+				rec.CustomerID, rec.BillingPeriod, rec.Epoch, out.ChargeID, now))
+			if errors.Is(err, pgx.ErrNoRows) {
+				var refunded bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.refund_ledger WHERE charge_id = $1)`,
+					out.ChargeID).Scan(&refunded); err != nil {
+					return fmt.Errorf("recording charge %s on %s: %w", out.ChargeID, rec.Key, err)
+				}
+				if refunded {
+					return fmt.Errorf("recording charge %s on %s: %w", out.ChargeID, rec.Key, ErrChargeRefunded)
+				}
+				return fmt.Errorf("recording charge %s on %s (epoch %d): %w", out.ChargeID, rec.Key, rec.Epoch, ErrLeaseLost)
+			}
+			if err != nil {
+				return fmt.Errorf("recording charge %s on %s: %w", out.ChargeID, rec.Key, err)
+			}
+			return nil
+		})
 		if err != nil {
-			return Record{}, fmt.Errorf("recording charge %s on %s: %w", out.ChargeID, rec.Key, err)
+			return Record{}, err
 		}
 		return r, nil
 	case StatusDeclined, StatusFailed:

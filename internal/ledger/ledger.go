@@ -78,6 +78,11 @@ var (
 	// ErrLeaseLost: the row's epoch or status moved on; the caller must not
 	// write, and should re-read the row to learn what happened.
 	ErrLeaseLost = errors.New("ledger lease lost")
+	// ErrChargeRefunded: the charge a write would record as a key's charge
+	// is one pelguard refunded as a duplicate (refund_ledger). Recording it
+	// would make the ledger's canonical charge a refunded one; the row stays
+	// pending and the next delivery looks again.
+	ErrChargeRefunded = errors.New("ledger: the charge was refunded by pelguard")
 	// ErrNoCap: RequireCap is set and the period has no spend cap.
 	ErrNoCap = errors.New("no spend cap for the billing period")
 	// ErrSpendCap matches every *CapError.

@@ -27,6 +27,7 @@ type FaultsJSON struct {
 	DropRate         float64           `json:"drop_rate,omitempty"`
 	DropNextCharges  int               `json:"drop_next_charges,omitempty"`
 	DropHang         bool              `json:"drop_hang,omitempty"`
+	FailNextRefunds  int               `json:"fail_next_refunds,omitempty"`
 }
 
 func durStr(d time.Duration) string {
@@ -50,6 +51,7 @@ func (f Faults) ToJSON() FaultsJSON {
 	j.ErrorRate, j.ErrorShouldRetry, j.RateLimitedRate = f.ErrorRate, f.ErrorShouldRetry, f.RateLimitedRate
 	j.RateLimit, j.RateBurst, j.DeclineCustomers = f.RateLimit, f.RateBurst, f.DeclineCustomers
 	j.DropRate, j.DropNextCharges, j.DropHang = f.DropRate, f.DropNextCharges, f.DropHang
+	j.FailNextRefunds = f.FailNextRefunds
 	return j
 }
 
@@ -80,6 +82,7 @@ func (j FaultsJSON) Faults() (Faults, error) {
 	f.ErrorRate, f.ErrorShouldRetry, f.RateLimitedRate = j.ErrorRate, j.ErrorShouldRetry, j.RateLimitedRate
 	f.RateLimit, f.RateBurst, f.DeclineCustomers = j.RateLimit, j.RateBurst, j.DeclineCustomers
 	f.DropRate, f.DropNextCharges, f.DropHang = j.DropRate, j.DropNextCharges, j.DropHang
+	f.FailNextRefunds = j.FailNextRefunds
 	return f, err
 }
 
@@ -92,6 +95,9 @@ func (j FaultsJSON) Faults() (Faults, error) {
 //	GET  /_sim/duplicates  Duplicates()
 //	GET  /_sim/requests    Requests() and charge_creates
 //	POST /_sim/advance     {"duration": "24h"} moves the clock
+//	POST /_sim/refund      {"charge": "ch_…", "amount": 0} refunds by hand (RefundByHand)
+//	POST /_sim/dispute     {"charge": "ch_…"} opens a dispute (Dispute)
+//	GET  /_sim/disputes    Disputes()
 func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	reply := func(status int, v any) {
 		w.Header().Set("Content-Type", "application/json")
@@ -99,6 +105,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(v)
 	}
 	fail := func(status int, err error) { reply(status, map[string]string{"error": err.Error()}) }
+	if status, v, ok := s.serveByHand(r); ok {
+		reply(status, v)
+		return
+	}
 	switch r.Method + " " + r.URL.Path {
 	case "GET /_sim/faults":
 		reply(http.StatusOK, s.Faults().ToJSON())
@@ -119,6 +129,8 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		reply(http.StatusOK, s.Faults().ToJSON())
 	case "GET /_sim/charges":
 		reply(http.StatusOK, s.Charges())
+	case "GET /_sim/disputes":
+		reply(http.StatusOK, s.Disputes())
 	case "GET /_sim/duplicates":
 		reply(http.StatusOK, s.Duplicates())
 	case "GET /_sim/requests":

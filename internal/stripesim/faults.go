@@ -59,6 +59,12 @@ type Faults struct {
 	// connection is closed without a reply; a hang is never retried by the
 	// transport, so it models a client timeout faithfully.
 	DropHang bool
+
+	// FailNextRefunds answers the next N POST /v1/refunds with 500
+	// api_error before they execute (nothing refunded, nothing cached under
+	// the key), then stops: a transient refund failure. Faults() reports
+	// how many remain.
+	FailNextRefunds int
 }
 
 // Latency describes injected delay: Fixed + uniform[Min, Max) + Tail with
@@ -81,8 +87,8 @@ func (f Faults) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v outside [0, 1]", name, p))
 		}
 	}
-	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 {
-		errs = append(errs, errors.New("RateLimit, RateBurst and DropNextCharges must not be negative"))
+	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 || f.FailNextRefunds < 0 {
+		errs = append(errs, errors.New("RateLimit, RateBurst, DropNextCharges and FailNextRefunds must not be negative"))
 	}
 	l := f.Latency
 	if l.Fixed < 0 || l.Min < 0 || l.Max < l.Min || l.Tail < 0 {
@@ -102,6 +108,7 @@ type activeFaults struct {
 type faultState struct {
 	cur      atomic.Pointer[activeFaults]
 	dropNext atomic.Int64
+	failRef  atomic.Int64
 	rngMu    sync.Mutex
 	rng      *rand.Rand
 }
@@ -124,6 +131,7 @@ func (fs *faultState) set(f Faults) {
 		a.limiter = rate.NewLimiter(rate.Limit(f.RateLimit), burst)
 	}
 	fs.dropNext.Store(int64(f.DropNextCharges))
+	fs.failRef.Store(int64(f.FailNextRefunds))
 	fs.cur.Store(a)
 }
 
@@ -150,16 +158,20 @@ func (fs *faultState) uniform(lo, hi time.Duration) time.Duration {
 }
 
 func (fs *faultState) shouldDrop() bool {
+	return takeOne(&fs.dropNext) || fs.chance(fs.current().DropRate)
+}
+
+// takeOne decrements n if it is positive and reports whether it did.
+func takeOne(n *atomic.Int64) bool {
 	for {
-		n := fs.dropNext.Load()
-		if n <= 0 {
-			break
+		v := n.Load()
+		if v <= 0 {
+			return false
 		}
-		if fs.dropNext.CompareAndSwap(n, n-1) {
+		if n.CompareAndSwap(v, v-1) {
 			return true
 		}
 	}
-	return fs.chance(fs.current().DropRate)
 }
 
 // SetFaults replaces the active faults. DropNextCharges restarts its count.
@@ -176,6 +188,7 @@ func (s *Server) SetFaults(f Faults) error {
 func (s *Server) Faults() Faults {
 	f := s.faults.current().Faults
 	f.DropNextCharges = int(max(0, s.faults.dropNext.Load()))
+	f.FailNextRefunds = int(max(0, s.faults.failRef.Load()))
 	return f
 }
 
@@ -187,7 +200,8 @@ func (s *Server) injectPreExecution(r *http.Request) (response, bool) {
 		s.log.Info("stripesim: rate limited", slog.String("path", r.URL.Path))
 		return rateLimited(), false
 	}
-	if s.faults.chance(f.ErrorRate) {
+	refundPOST := r.Method == http.MethodPost && r.URL.Path == "/v1/refunds"
+	if s.faults.chance(f.ErrorRate) || (refundPOST && takeOne(&s.faults.failRef)) {
 		s.log.Info("stripesim: injecting 500", slog.String("path", r.URL.Path))
 		resp := errorResp(http.StatusInternalServerError, stripeError{
 			Type: "api_error", Message: "An unknown error occurred (injected by stripesim).",

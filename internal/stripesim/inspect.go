@@ -18,6 +18,7 @@ type Charge struct {
 	Created        time.Time
 	Status         string // "succeeded" or "failed"
 	Refunded       bool   // fully refunded
+	Disputed       bool   // a dispute was opened (Dispute)
 	Description    string
 	Metadata       map[string]string
 	PaymentIntent  string
@@ -90,7 +91,7 @@ func (c *charge) export() Charge {
 	return Charge{
 		ID: c.id, Customer: c.customer, Amount: c.amount, AmountRefunded: c.amountRefunded,
 		Currency: c.currency, Created: time.Unix(c.created, 0).UTC(), Status: c.status,
-		Refunded: c.status == "succeeded" && c.amountRefunded >= c.amount, Description: c.description,
+		Refunded: c.status == "succeeded" && c.amountRefunded >= c.amount, Disputed: c.disputed, Description: c.description,
 		Metadata: maps.Clone(c.metadata), PaymentIntent: c.paymentIntent, IdempotencyKey: c.idemKey,
 	}
 }

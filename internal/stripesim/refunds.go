@@ -45,32 +45,47 @@ func (s *Server) createRefund(c *apiCall) response {
 		resp.status = http.StatusBadRequest
 		return resp
 	}
+	re, resp := s.refundLocked(ch, amount, hasAmount, c.form.get("reason"), md)
+	if resp.status != 0 {
+		return resp
+	}
+	return jsonResp(re.json())
+}
+
+// refundLocked refunds amount (all that is left when !hasAmount) of ch,
+// refusing what Stripe refuses; callers hold the write lock.
+func (s *Server) refundLocked(ch *charge, amount int64, hasAmount bool, reason string, md map[string]string) (*refund, response) {
+	st := s.store
 	if ch.status != "succeeded" {
-		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_not_refundable",
+		return nil, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_not_refundable",
 			Param: "charge", Message: fmt.Sprintf("Charge %s has failed and cannot be refunded.", ch.id)})
+	}
+	if ch.disputed {
+		return nil, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_disputed",
+			Param: "charge", Message: fmt.Sprintf("Charge %s has been charged back; cannot issue a refund.", ch.id)})
 	}
 	left := ch.amount - ch.amountRefunded
 	if left <= 0 {
-		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_already_refunded",
+		return nil, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "charge_already_refunded",
 			Param: "charge", Message: fmt.Sprintf("Charge %s has already been refunded.", ch.id)})
 	}
 	if !hasAmount {
 		amount = left
 	}
 	if amount > left {
-		return errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "amount_too_large",
+		return nil, errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "amount_too_large",
 			Param: "amount", Message: fmt.Sprintf("Refund amount (%d) is greater than unrefunded amount on charge (%d)", amount, left)})
 	}
 	id, seq := st.nextID("re")
 	re := &refund{
 		id: id, seq: seq, created: s.Now().Unix(), amount: amount, charge: ch.id, currency: ch.currency,
-		paymentIntent: ch.paymentIntent, reason: c.form.get("reason"), metadata: md,
+		paymentIntent: ch.paymentIntent, reason: reason, metadata: md,
 	}
 	st.refunds[re.id] = re
 	st.allRefunds.add(re)
 	ch.refunds.add(re)
 	ch.amountRefunded += amount
-	return jsonResp(re.json())
+	return re, response{}
 }
 
 func (s *Server) getRefund(c *apiCall) response {

@@ -21,6 +21,7 @@ type store struct {
 	intents    map[string]*intent
 	refunds    map[string]*refund
 	allRefunds index[*refund]
+	disputes   map[string]*dispute
 }
 
 func newStore() *store {
@@ -30,6 +31,7 @@ func newStore() *store {
 		byCustomer: make(map[string]*index[*charge]),
 		intents:    make(map[string]*intent),
 		refunds:    make(map[string]*refund),
+		disputes:   make(map[string]*dispute),
 	}
 }
 
@@ -39,7 +41,7 @@ func (st *store) drop() {
 	defer st.mu.Unlock()
 	fresh := newStore()
 	st.customers, st.charges, st.byCustomer = fresh.customers, fresh.charges, fresh.byCustomer
-	st.intents, st.refunds = fresh.intents, fresh.refunds
+	st.intents, st.refunds, st.disputes = fresh.intents, fresh.refunds, fresh.disputes
 	st.allCharges, st.allRefunds = index[*charge]{}, index[*refund]{}
 }
 
@@ -78,7 +80,9 @@ type charge struct {
 	livemode       bool
 	idemKey        string
 	refunds        index[*refund]
-	disputed       bool
+	// disputed is Stripe's charge.disputed: a dispute was opened on it
+	// (Dispute). Stripe keeps the flag whatever the dispute's outcome.
+	disputed bool
 }
 
 func (c *charge) sortKey() sortKey { return sortKey{c.created, c.seq} }

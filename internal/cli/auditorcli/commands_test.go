@@ -36,6 +36,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		"schedule with from": {"--schedule", "@hourly", "--from", "2026-11-01", "--stripe-key", "sk_test_x"},
 		"no stripe key":      {"--stripe-key", "", "--database-url", "postgres://127.0.0.1:1/x"},
 		"bad log level":      {"findings", "--log-level", "loud"},
+		"zero rolling cap":   {"refund", "--all", "--max-refunds-24h", "0", "--stripe-key", "sk_test_x"},
 	}
 	for name, args := range cases {
 		code, _, stderr := call(args...)
@@ -141,6 +142,49 @@ func TestAuditRefundResolveEndToEnd(t *testing.T) {
 	code, out, stderr = call(append(append([]string{"run"}, base...), window...)...)
 	if code != 0 || !strings.Contains(out, "0 open") {
 		t.Fatalf("final audit: %d %s %s", code, out, stderr)
+	}
+}
+
+// --max-refunds-24h is persisted: two `auditor refund` processes in a row
+// cannot together pass it; the second says which cap skipped what.
+func TestRollingRefundCapFlagAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	pool, url := testenv.DBWithURL(t)
+	sim := stripesim.MustNew(stripesim.Config{})
+	t.Cleanup(sim.Close)
+	at := time.Now().Add(-2 * time.Hour).Truncate(time.Second)
+	l := ledger.New(pool, testenv.SchemaOf(pool), clock.NewSim(at))
+	var dups []string
+	for _, c := range []string{"c1", "c2"} {
+		md := stripeapi.PelguardMetadata(c, "2026-11", "k-"+c)
+		canon := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_" + c, Amount: 2500, Created: at, Metadata: md}).ID
+		dups = append(dups, sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_" + c, Amount: 2500, Created: at.Add(time.Minute), Metadata: md}).ID)
+		if _, err := l.SeedForTest(context.Background(), []ledger.Record{{Key: ledger.Key{CustomerID: c, BillingPeriod: "2026-11"},
+			StripeCustomerID: "cus_" + c, AmountCents: 2500, IdempotencyKey: "k-" + c, ChargeID: canon, ChargedAt: at.Add(time.Second)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := []string{"--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--stripe-key", "sk_test_x", "--stripe-api-base", sim.URL()}
+	window := []string{"--from", at.Add(-time.Hour).Format(time.RFC3339), "--to", at.Add(time.Hour).Format(time.RFC3339)}
+	if code, _, stderr := call(append(append([]string{"run"}, base...), window...)...); code != 1 {
+		t.Fatalf("audit: exit %d, %s", code, stderr)
+	}
+	refund := append([]string{"refund", "--all", "--max-refunds", "1", "--max-refunds-24h", "1"}, base...)
+	if code, out, stderr := call(refund...); code != cli.ExitFindings || !strings.Contains(out, "refunded 1") {
+		t.Fatalf("first refund: %d %s %s", code, out, stderr)
+	}
+	code, out, stderr := call(append([]string{"refund", "--all", "--max-refunds-24h", "1"}, base...)...)
+	if code != cli.ExitFindings || !strings.Contains(out, "refunded 0") || !strings.Contains(out, "max_refunds_24h") {
+		t.Fatalf("second refund: %d %s %s", code, out, stderr)
+	}
+	refunded := 0
+	for _, id := range dups {
+		if ch, _ := sim.Charge(id); ch.Refunded {
+			refunded++
+		}
+	}
+	if refunded != 1 || sim.Requests()["POST /v1/refunds"] != 1 {
+		t.Fatalf("%d duplicates refunded, %d POSTs; want 1, 1", refunded, sim.Requests()["POST /v1/refunds"])
 	}
 }
 

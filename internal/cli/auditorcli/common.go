@@ -60,6 +60,10 @@ func (o *auditOptions) register(fs *flag.FlagSet) {
 	o.Slack.Register(fs)
 	fs.IntVar(&o.Config.MaxRefunds, "max-refunds", audit.DefaultMaxRefunds, "most refunds one refund run (or --auto-refund) makes")
 	fs.Int64Var(&o.Config.MaxCents, "max-cents", audit.DefaultMaxCents, "most minor units (cents) one refund run refunds in total")
+	fs.IntVar(&o.Config.MaxRefunds24h, "max-refunds-24h", audit.DefaultMaxRefunds24h,
+		"most refunds pelguard makes in any 24 h, over every run and process (persisted in refund_ledger)")
+	fs.Int64Var(&o.Config.MaxCents24h, "max-cents-24h", audit.DefaultMaxCents24h,
+		"most minor units (cents) pelguard refunds in any 24 h, over every run and process (persisted in refund_ledger)")
 }
 
 // validate checks the flags the Auditor's commands share.

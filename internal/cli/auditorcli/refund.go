@@ -11,8 +11,12 @@ import (
 )
 
 const refundDescription = `Refunds open duplicate_charge findings (reason duplicate, one idempotency key per charge,
-never the canonical charge) and records each refund id. Stops at the first refund that
-would pass --max-refunds or --max-cents. Exit 1 when duplicates remain open.`
+never the canonical charge) and records each refund. Right before each refund it re-reads the
+ledger and both charges at Stripe and refuses a duplicate whose canonical charge was refunded,
+disputed or is not succeeded, or that changed since the audit. What it cannot refund now
+(refused, a transient Stripe error, over --max-refunds/--max-cents for this run or
+--max-refunds-24h/--max-cents-24h over every run) is skipped with its reason, and the run goes
+on. Exit 1 when duplicates remain open.`
 
 // RefundOptions are the flags of `auditor refund`.
 type RefundOptions struct {
@@ -35,8 +39,8 @@ func (o *RefundOptions) Validate() error {
 	if (o.ID == 0) == !o.All {
 		return cli.Usagef("give one finding ID or --all (not both)")
 	}
-	if o.Config.MaxRefunds <= 0 || o.Config.MaxCents <= 0 {
-		return cli.Usagef("--max-refunds and --max-cents must be positive")
+	if o.Config.MaxRefunds <= 0 || o.Config.MaxCents <= 0 || o.Config.MaxRefunds24h <= 0 || o.Config.MaxCents24h <= 0 {
+		return cli.Usagef("--max-refunds, --max-cents, --max-refunds-24h and --max-cents-24h must be positive")
 	}
 	return o.validate()
 }

@@ -45,7 +45,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StuckAfter, "stuck-after", audit.DefaultStuckAfter, "a pending row without a live lease this long is stuck_pending")
 	fs.DurationVar(&c.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
 	fs.StringVar(&o.Schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
-	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents")
+	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents and the rolling --max-refunds-24h and --max-cents-24h")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_AUDITOR_METRICS_ADDR", ""), "serve /metrics, /healthz, /readyz here with --schedule (e.g. 127.0.0.1:9466) [PELGUARD_AUDITOR_METRICS_ADDR]")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 10*time.Minute, "on SIGTERM, wait this long for a run in progress")
 	cli.RegisterWait(fs, &o.WaitForDeps)
