@@ -17,7 +17,7 @@ import (
 
 // Tables are pelguard's tables, the ones MoveSchema moves. Nothing else in
 // a database is pelguard's.
-var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", VersionTable}
+var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", VersionTable}
 
 // State is what Check read about a schema. Reading it writes nothing: not
 // even goose's version table, which goose itself creates on every call.
