@@ -234,3 +234,35 @@ func TestDecideUnregisteredOwnerOfAnImportedPeriod(t *testing.T) {
 		t.Fatalf("a period not imported: %s, want unregistered_consumer", got.Kind)
 	}
 }
+
+// External-ledger mode (the team's table is the ledger): a row with a
+// charge or a terminal status is already billed; a row with neither is the
+// team's consumer's; no row is a claim (behind the min-idle fence, which
+// is at least twice the team's longest Stripe call).
+func TestDecideExternalLedger(t *testing.T) {
+	t.Parallel()
+	ev := event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 2500, BillingPeriod: "2026-11", Currency: "usd"}
+	key := ledger.EventKey(ev)
+	cfg := decideConfig{MaxDeliveries: 10, External: true}
+	base := decideInput{Pending: redis.XPendingExt{ID: "1-0", Consumer: "worker-1", RetryCount: 1},
+		Fields: map[string]any{event.PayloadField: ev.Payload()}, RowKey: key}
+	withRow := func(status ledger.Status, charge string) decideInput {
+		d := base
+		d.Row, d.HasRow = ledger.Record{Key: key, Status: status, ChargeID: charge}, true
+		return d
+	}
+	for _, c := range []struct {
+		name string
+		in   decideInput
+		want Kind
+	}{
+		{"no row: claim", base, KindClaim},
+		{"a charge id: already billed", withRow("charged", "ch_1"), KindAlreadyBilled},
+		{"card_declined: already billed", withRow("card_declined", ""), KindAlreadyBilled},
+		{"neither: the team's consumer decides", withRow("processing", ""), KindLeaseLive},
+	} {
+		if got := decideEntry(cfg, c.in); got.Kind != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got.Kind, c.want)
+		}
+	}
+}

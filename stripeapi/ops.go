@@ -255,7 +255,7 @@ func (q ChargeQuery) Matches(ch Charge) bool {
 	return q.Description != "" && ch.Description == q.Description
 }
 
-// FindCharge looks for the succeeded charge of q's key created at or after
+// FindCharge looks for the succeeded (or pending) charge of q's key created at or after
 // q.Since: pelguard's marked charges by their idempotency key, and charges
 // without the marker by q's business identity (see ChargeQuery). It is how a
 // takeover past Stripe's 24 h idempotency window, an idempotency_error, or
@@ -276,7 +276,9 @@ func (c *Client) FindCharge(ctx context.Context, q ChargeQuery) (Charge, bool, e
 		p := &stripe.ChargeListParams{Customer: stripe.String(q.StripeCustomerID)}
 		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: q.Since.Unix()}
 		return c.listCharges(ctx, p, func(ch Charge) (bool, error) {
-			if ch.Status == string(stripe.ChargeStatusSucceeded) && q.Matches(ch) {
+			// A pending charge (a bank debit in motion) shows the key was
+			// charged as surely as a succeeded one.
+			if (ch.Status == string(stripe.ChargeStatusSucceeded) || ch.Status == string(stripe.ChargeStatusPending)) && q.Matches(ch) {
 				matches = append(matches, ch)
 			}
 			return false, nil
