@@ -33,7 +33,7 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 	}
 	keys := make([]ledger.Key, 0, min(len(c.pelguard), a.cfg.LookupBatch))
 	flush := func() error {
-		recs, err := a.ledger.Lookup(ctx, keys)
+		recs, err := a.lookup(ctx, keys)
 		if err != nil {
 			return fmt.Errorf("reading the ledger rows of %d charged keys: %w", len(keys), err)
 		}
@@ -127,7 +127,7 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		}
 		if ledgerCharge != nil {
 			canonical = ledgerCharge.id
-			if e := *ledgerCharge; e.amount != r.AmountCents || !strings.EqualFold(e.currency, r.Currency) {
+			if e := *ledgerCharge; r.Currency != "" && (e.amount != r.AmountCents || !strings.EqualFold(e.currency, r.Currency)) {
 				fs = append(fs, mk(KindAmountMismatch, e, "", fmt.Sprintf("Stripe charged %d %s, the ledger recorded %d %s",
 					e.amount, e.currency, r.AmountCents, r.Currency)))
 			}

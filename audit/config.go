@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -107,6 +108,12 @@ type Config struct {
 	// Legacy also audits charges without the pelguard marker, grouped by
 	// Stripe customer and billing period; only duplicates are reported.
 	Legacy bool
+	// ExternalLedger, with Legacy, names a team's own table (schema.table,
+	// the article's billing_records) that keeps the canonical record: the
+	// charge it names for a customer and period is never refunded, and a
+	// second charge of the same Stripe customer and period is the
+	// duplicate. Only read.
+	ExternalLedger string
 	// LegacyPattern extracts the period from a legacy charge's description
 	// when its metadata has no billing_period; it must have one group.
 	LegacyPattern string
@@ -191,6 +198,14 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRefunds24h < 0 || c.MaxCents24h < 0 {
 		errs = append(errs, errors.New("MaxRefunds24h and MaxCents24h must not be negative (0 takes the default)"))
+	}
+	if c.ExternalLedger != "" {
+		if !c.Legacy {
+			errs = append(errs, errors.New("ExternalLedger (--external-ledger) needs Legacy (--legacy): the team's charges carry no pelguard marker"))
+		}
+		if parts := strings.Split(c.ExternalLedger, "."); len(parts) != 2 || parts[0] == "" || parts[1] == "" {
+			errs = append(errs, fmt.Errorf("ExternalLedger %q: want schema.table, e.g. public.billing_records", c.ExternalLedger))
+		}
 	}
 	if c.LegacyPattern != "" {
 		re, err := regexp.Compile(c.LegacyPattern)

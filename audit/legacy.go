@@ -44,7 +44,7 @@ func (a *Auditor) file(ctx context.Context, c *collector, page []stripeapi.Charg
 	}
 	var known recorded
 	if len(ids) > 0 {
-		rows, err := a.ledger.ByChargeIDs(ctx, ids)
+		rows, err := a.byChargeIDs(ctx, ids)
 		if err != nil {
 			return fmt.Errorf("reading the ledger rows of unmarked charges: %w", err)
 		}

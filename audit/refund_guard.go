@@ -150,7 +150,7 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 // name none, an import may have recorded it since the audit), and the key's
 // row must still record the finding's canonical charge.
 func (a *Auditor) ledgerRefusal(ctx context.Context, f Finding) (*skip, error) {
-	recs, err := a.ledger.ByChargeIDs(ctx, []string{f.ChargeID})
+	recs, err := a.byChargeIDs(ctx, []string{f.ChargeID})
 	if err != nil {
 		return nil, fmt.Errorf("checking the ledger before refunding %s: %w", f.ChargeID, err)
 	}
@@ -159,7 +159,7 @@ func (a *Auditor) ledgerRefusal(ctx context.Context, f Finding) (*skip, error) {
 	}
 	if f.CustomerID != "" && f.BillingPeriod != "" {
 		k := ledger.Key{CustomerID: f.CustomerID, BillingPeriod: f.BillingPeriod}
-		r, err := a.ledger.Get(ctx, k)
+		r, err := a.get(ctx, k)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
 		case err != nil:

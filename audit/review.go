@@ -198,7 +198,7 @@ func (a *Auditor) resolveFindings(ctx context.Context, runID int64, rv *reviewer
 			}
 		}
 	}
-	recs, err := a.ledger.ByChargeIDs(ctx, ids)
+	recs, err := a.byChargeIDs(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger rows of open findings' charges: %w", err)
 	}
@@ -211,7 +211,7 @@ func (a *Auditor) resolveFindings(ctx context.Context, runID int64, rv *reviewer
 		}
 	}
 	for start := 0; start < len(keys); start += a.cfg.LookupBatch {
-		got, err := a.ledger.Lookup(ctx, keys[start:min(start+a.cfg.LookupBatch, len(keys))])
+		got, err := a.lookup(ctx, keys[start:min(start+a.cfg.LookupBatch, len(keys))])
 		if err != nil {
 			return nil, fmt.Errorf("reading the ledger rows of open findings: %w", err)
 		}

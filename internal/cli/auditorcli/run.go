@@ -37,6 +37,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.To, "to", "", "end of the window, exclusive; default: now minus --settle-delay")
 	fs.StringVar(&o.Period, "period", "", "audit one billing period (YYYY-MM): its month plus 45 days, findings of that period only")
 	fs.BoolVar(&c.Legacy, "legacy", false, "also audit charges without the pelguard marker (the old consumer's), reporting duplicates only")
+	fs.StringVar(&c.ExternalLedger, "external-ledger", "", "with --legacy: a team's own table (schema.table, the article's billing_records) whose charge for a customer and period is canonical and never refunded (reaper --external-ledger deployments); only read")
 	fs.StringVar(&c.LegacyPattern, "legacy-pattern", audit.DefaultLegacyPattern, "regexp taking a legacy charge's period from its description (group 1)")
 	fs.IntVar(&c.Parallel, "parallel", audit.DefaultParallel, "sub-windows listed at once (with --stripe-rate to stay under Stripe's limit)")
 	fs.DurationVar(&c.SettleDelay, "settle-delay", audit.DefaultSettleDelay, "stay this far behind now, so charges being recorded are not orphans")
