@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,9 @@ func (c *Config) validateExternal() error {
 			return errors.New("reaper: --external-max-call applies only with --external-ledger")
 		}
 		return nil
+	}
+	if c.ExternalInsert != "" && !strings.Contains(c.ExternalInsert, "$1") {
+		return errors.New("reaper: --external-insert must be an INSERT with parameters $1..$6 (customer_id, billing_period, charge_id, amount_cents, status, error)")
 	}
 	if _, err := parseTeamTable(c.ExternalLedger); err != nil {
 		return fmt.Errorf("reaper: %w", err)

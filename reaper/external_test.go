@@ -342,3 +342,58 @@ func TestExternalLedgerSlowLiveTeamConsumerIsNotReclaimed(t *testing.T) {
 		})
 	}
 }
+
+// A team table of another shape: reads through a view with the article's
+// columns, writes through the configured INSERT. The abandoned entry is
+// charged once and its outcome lands in the team's own table.
+func TestExternalLedgerConfiguredInsertForAnotherShape(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := teamsys.Setup(t)
+	sch := pgx.Identifier{env.Schema}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE TABLE ` + sch + `.invoices (cust text NOT NULL, period text NOT NULL, ch text, cents bigint, state text NOT NULL, err text, PRIMARY KEY (cust, period))`,
+		`CREATE VIEW ` + sch + `.invoice_ledger AS SELECT cust AS customer_id, period AS billing_period, ch AS charge_id, state AS status FROM ` + sch + `.invoices`,
+	} {
+		if _, err := env.DB.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := extEvent("shape")
+	env.Publish(t, ev)
+	abandon(t, env, "worker-gone")
+	waitAllIdle(t, env, extMinIdle)
+	pool := testenv.DB(t)
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: teamsys.DefaultStripeKey, BaseURL: env.Sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reaper.New(reaper.Config{
+		Redis: env.Redis, DB: pool, Schema: testenv.SchemaOf(pool), Stripe: sc, Name: "reaper-shape",
+		Streams: []reaper.StreamGroup{{Stream: env.Stream, Group: env.Group}},
+		MinIdle: extMinIdle, Namespace: teamsys.IdempotencyNamespace,
+		ExternalLedger: env.Schema + ".invoice_ledger", ExternalMaxCall: extMaxCall,
+		ExternalInsert: `INSERT INTO ` + sch + `.invoices (cust, period, ch, cents, state, err) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+		Logger:         testenv.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(env.Charges(ev.StripeCustomerID, ev.BillingPeriod)); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	var ch, state string
+	if err := env.DB.QueryRow(ctx, `SELECT coalesce(ch, ''), state FROM `+sch+`.invoices WHERE cust = $1`, ev.CustomerID).Scan(&ch, &state); err != nil || ch == "" || state != "charged" {
+		t.Fatalf("the team's own table: %q %q %v", ch, state, err)
+	}
+	if env.Pending(t) != 0 {
+		t.Fatal("the entry is still pending after the write")
+	}
+	if _, err := reaper.New(reaper.Config{Redis: env.Redis, DB: pool, Streams: []reaper.StreamGroup{{Stream: "s", Group: "g"}},
+		MinIdle: extMinIdle, ExternalLedger: "public.t", ExternalMaxCall: extMaxCall, ExternalInsert: "DELETE FROM x", DryRun: true}); err == nil {
+		t.Fatal("an --external-insert without parameters was accepted")
+	}
+}

@@ -22,8 +22,9 @@ import (
 // billing_period, charge_id, status (and, for the INSERT, amount_cents,
 // error, created_at). A view can serve another shape for the reads.
 type teamTable struct {
-	name  string // as configured, for messages
-	ident string // quoted, schema-qualified
+	name      string // as configured, for messages
+	ident     string // quoted, schema-qualified
+	insertSQL string // Config.ExternalInsert; empty: the article's INSERT
 }
 
 // parseTeamTable reads "schema.table". Both parts are required: an
@@ -81,12 +82,21 @@ func (t teamTable) lookup(ctx context.Context, q querier, keys []ledger.Key) (ma
 // NOTHING, so a row the team wrote meanwhile wins.
 func (t teamTable) insert(ctx context.Context, q querier, k ledger.Key, chargeID string, amount int64, status, errText string) error {
 	var err error
-	if status == teamDeclined {
+	switch {
+	case t.insertSQL != "":
+		var charge, errArg *string
+		if status == teamDeclined {
+			errArg = &errText
+		} else {
+			charge = &chargeID
+		}
+		_, err = q.Exec(ctx, t.insertSQL, k.CustomerID, k.BillingPeriod, charge, amount, status, errArg)
+	case status == teamDeclined:
 		_, err = q.Exec(ctx, `INSERT INTO `+t.ident+`
 			(customer_id, billing_period, charge_id, amount_cents, status, error, created_at)
 			VALUES ($1, $2, NULL, $3, 'card_declined', $4, NOW())
 			ON CONFLICT (customer_id, billing_period) DO NOTHING`, k.CustomerID, k.BillingPeriod, amount, errText)
-	} else {
+	default:
 		_, err = q.Exec(ctx, `INSERT INTO `+t.ident+`
 			(customer_id, billing_period, charge_id, amount_cents, status, created_at)
 			VALUES ($1, $2, $3, $4, 'charged', NOW())

@@ -137,6 +137,13 @@ type Config struct {
 	// ExternalMaxCall is the team consumer's worst-case Stripe call (its
 	// client timeout × attempts); required with ExternalLedger.
 	ExternalMaxCall time.Duration
+	// ExternalInsert, for a table of another shape than the article's, is
+	// the INSERT the team's consumer runs, with $1 customer_id, $2
+	// billing_period, $3 charge_id (NULL on a decline), $4 amount_cents,
+	// $5 status ('charged' or 'card_declined'), $6 error (NULL unless
+	// declined). It should do nothing on a row that exists (ON CONFLICT DO
+	// NOTHING). Empty: the article's INSERT.
+	ExternalInsert string
 
 	// OnDecision, if set, is called for every decision, from the pass's
 	// goroutine and from re-drive goroutines: it must be safe for concurrent
@@ -278,6 +285,7 @@ func New(cfg Config) (*Reaper, error) {
 	}
 	if cfg.ExternalLedger != "" {
 		t, _ := parseTeamTable(cfg.ExternalLedger) // checked by Validate
+		t.insertSQL = cfg.ExternalInsert
 		r.team = &t
 	}
 	for _, sg := range cfg.Streams {

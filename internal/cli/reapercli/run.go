@@ -47,6 +47,7 @@ type RunOptions struct {
 	StoppedConsumers      string
 	ExternalLedger        string
 	ExternalMaxCall       time.Duration
+	ExternalInsert        string
 	Streams               cli.Streams
 	Group                 string
 	Name, Namespace       string
@@ -79,6 +80,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each re-drive's charge; false sends the article's request shape (must match the consumers') [PELGUARD_CHARGE_METADATA]")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
+	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the article's INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
@@ -289,7 +291,7 @@ func (o *RunOptions) config() reaper.Config {
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
 		Rules:  event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
-		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall,
+		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
 	}
 }
 
