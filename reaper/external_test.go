@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/teamsys"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -395,5 +396,67 @@ func TestExternalLedgerConfiguredInsertForAnotherShape(t *testing.T) {
 	if _, err := reaper.New(reaper.Config{Redis: env.Redis, DB: pool, Streams: []reaper.StreamGroup{{Stream: "s", Group: "g"}},
 		MinIdle: extMinIdle, ExternalLedger: "public.t", ExternalMaxCall: extMaxCall, ExternalInsert: "DELETE FROM x", DryRun: true}); err == nil {
 		t.Fatal("an --external-insert without parameters was accepted")
+	}
+}
+
+// A re-drive whose card is declined writes the team's row as the team's
+// consumer does ('card_declined', the error, no charge) and acks; a
+// re-drive past pelguard's spend cap charges nothing and is dead-lettered.
+func TestExternalLedgerDeclineAndSpendCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := teamsys.Setup(t)
+	declined, capped := extEvent("declined"), extEvent("capped")
+	capped.BillingPeriod = "2026-12"
+	if err := env.Sim.SetFaults(stripesim.Faults{DeclineCustomers: []string{declined.StripeCustomerID}}); err != nil {
+		t.Fatal(err)
+	}
+	env.Publish(t, declined)
+	env.Publish(t, capped)
+	abandon(t, env, "worker-gone")
+	waitAllIdle(t, env, extMinIdle)
+	pool := testenv.DB(t)
+	if _, err := ledger.New(pool, testenv.SchemaOf(pool), nil).SetCap(ctx, "2026-12", 100); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: teamsys.DefaultStripeKey, BaseURL: env.Sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reaper.New(reaper.Config{
+		Redis: env.Redis, DB: pool, Schema: testenv.SchemaOf(pool), Stripe: sc, Name: "reaper-decline",
+		Streams: []reaper.StreamGroup{{Stream: env.Stream, Group: env.Group}},
+		MinIdle: extMinIdle, Namespace: teamsys.IdempotencyNamespace,
+		ExternalLedger: env.Schema + ".billing_records", ExternalMaxCall: extMaxCall, Logger: testenv.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]teamsys.Row{}
+	for _, row := range env.Rows(t) {
+		rows[row.CustomerID] = row
+	}
+	if row, ok := rows[declined.CustomerID]; !ok || row.Status != "card_declined" || row.ChargeID != "" || row.Error == "" {
+		t.Fatalf("the declined re-drive's row: %+v (%v)", row, ok)
+	}
+	if _, ok := rows[capped.CustomerID]; ok {
+		t.Fatal("a re-drive past the spend cap wrote the team's table")
+	}
+	if n := len(env.Charges(declined.StripeCustomerID, declined.BillingPeriod)) + len(env.Charges(capped.StripeCustomerID, capped.BillingPeriod)); n != 0 {
+		t.Fatalf("%d succeeded charges, want 0 (one declined, one capped)", n)
+	}
+	if n := env.Sim.Requests()["POST /v1/charges"]; n != 1 {
+		t.Fatalf("%d charge requests, want 1 (the declined one; the capped one is never sent)", n)
+	}
+	dead, err := env.Redis.XRange(ctx, env.Stream+":dead", "-", "+").Result()
+	if err != nil || len(dead) != 1 || dead[0].Values["reason"] != "spend_cap" {
+		t.Fatalf("dead letters %v (%v), want the capped event as spend_cap", dead, err)
+	}
+	testenv.CleanupKeys(t, env.Redis, env.Stream+":dead")
+	if env.Pending(t) != 0 {
+		t.Fatal("entries left pending")
 	}
 }
