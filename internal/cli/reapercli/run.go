@@ -223,30 +223,13 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 	}
-	var started cli.Gate
-	ops, err := cli.ServeOps(o.MetricsAddr, reg, []cli.Check{
-		started.Check(),
-		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
-		{Name: "postgres", Fn: pool.Ping},
-	}, logger)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
+	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
+		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger}.Run(ctx, stderr)
+	if !ok {
+		return code
 	}
 	defer func() { _ = ops.Close(context.Background()) }()
-
-	if err := (cli.Waiter{For: o.WaitForDeps, Logger: logger}).Wait(ctx, redisDep, pgDep); err != nil {
-		if ctx.Err() != nil {
-			logger.Info("stopped while waiting for Redis and Postgres")
-			return cli.ExitOK
-		}
-		return cli.Fail(stderr, prog, err)
-	}
-	if err := cli.CheckSchema(ctx, prog, pool, o.Schema); err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	if err := cli.CheckClock(ctx, pool, o.Lease/3, "a third of --lease"); err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
 
 	logger.Info("reaper starting", "name", r.Name(), "streams", fmt.Sprint(o.streams), "min_idle", o.MinIdle,
 		"dry_run", o.DryRun, "once", o.Once)

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Startup is how the consumer and the reaper come up: /metrics, /healthz
+// and /readyz first (so a waiting pod is alive but not ready), then the
+// bounded wait for Redis and Postgres, then the checks that need them (the
+// ledger schema, the host clock against Postgres').
+type Startup struct {
+	Prog        string
+	MetricsAddr string
+	Registry    *prometheus.Registry
+	Redis       redis.UniversalClient
+	Pool        *pgxpool.Pool
+	Deps        []Dep
+	Wait        time.Duration
+	Schema      string
+	// ClockLimit is the host clock skew refused at start, named by
+	// ClockWhat in the error ("a third of --lease").
+	ClockLimit time.Duration
+	ClockWhat  string
+	Logger     *slog.Logger
+}
+
+// Run starts the ops server and waits for the dependencies. On success it
+// returns the ops server (Close it) and the gate to Open once the service
+// runs. Otherwise ok is false and code is the exit code: ExitOK when ctx
+// ended while waiting (SIGTERM), else what Fail returns.
+func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *Gate, code int, ok bool) {
+	started = &Gate{}
+	ops, err := ServeOps(s.MetricsAddr, s.Registry, []Check{
+		started.Check(),
+		{Name: "redis", Fn: func(ctx context.Context) error { return s.Redis.Ping(ctx).Err() }},
+		{Name: "postgres", Fn: s.Pool.Ping},
+	}, s.Logger)
+	if err != nil {
+		return nil, nil, Fail(stderr, s.Prog, err), false
+	}
+	fail := func(err error) (*Ops, *Gate, int, bool) {
+		_ = ops.Close(context.Background())
+		return nil, nil, Fail(stderr, s.Prog, err), false
+	}
+	if err := (Waiter{For: s.Wait, Logger: s.Logger}).Wait(ctx, s.Deps...); err != nil {
+		if ctx.Err() != nil {
+			s.Logger.Info("stopped while waiting for Redis and Postgres")
+			_ = ops.Close(context.Background())
+			return nil, nil, ExitOK, false
+		}
+		return fail(err)
+	}
+	if err := CheckSchema(ctx, s.Prog, s.Pool, s.Schema); err != nil {
+		return fail(err)
+	}
+	if err := CheckClock(ctx, s.Pool, s.ClockLimit, s.ClockWhat); err != nil {
+		return fail(err)
+	}
+	return ops, started, ExitOK, true
+}
