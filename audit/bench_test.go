@@ -20,6 +20,13 @@ const (
 	benchDups = benchRows / 100 // 1 %
 )
 
+// spreadAt is the i-th of n instants spread evenly over [from, from+span).
+// span × i overflows a time.Duration past about 110,000 rows over a day, so
+// the product is taken in microseconds, which holds for n in the billions.
+func spreadAt(from time.Time, span time.Duration, i, n int) time.Time {
+	return from.Add(time.Duration(span.Microseconds()*int64(i)/int64(n)) * time.Microsecond)
+}
+
 // seedBench stores benchRows charged ledger rows, their charges and
 // benchDups second charges, spread over the 24 h window [w0, w1).
 func seedBench(b *testing.B, bn *bundle) {
@@ -28,7 +35,7 @@ func seedBench(b *testing.B, bn *bundle) {
 	recs := make([]ledger.Record, 0, benchRows)
 	for i := range benchRows {
 		cust := fmt.Sprintf("c%06d", i)
-		at := w0.Add(span * time.Duration(i) / benchRows)
+		at := spreadAt(w0, span, i, benchRows)
 		id := bn.charge(cust, 2500, at, 0)
 		recs = append(recs, row(cust, 2500, id, at.Add(time.Second)))
 		if i%(benchRows/benchDups) == 0 {
@@ -132,4 +139,20 @@ func BenchmarkAudit100k(b *testing.B) {
 // client-side limit, --parallel 8. Goal ≤ 1.15 × pages ÷ rate.
 func BenchmarkAudit100kRateLimited(b *testing.B) {
 	benchAudit(b, 8, stripesim.Faults{PageLatency: map[string]time.Duration{"/v1/charges": 100 * time.Millisecond}}, 25)
+}
+
+// The benchmark seeds can grow to a month-end window of 1,000,000 charges
+// without the spread overflowing (it did past ~110,000).
+func TestSpreadAtMillionRows(t *testing.T) {
+	t.Parallel()
+	span := 23 * time.Hour
+	const n = 1_000_000
+	prev := w0.Add(-time.Nanosecond)
+	for _, i := range []int{0, 1, 110_000, 500_000, n - 1} {
+		at := spreadAt(w0, span, i, n)
+		if !at.After(prev) || !at.Before(w0.Add(span)) {
+			t.Fatalf("row %d at %s: outside [%s, %s) or not after %s", i, at, w0, w0.Add(span), prev)
+		}
+		prev = at
+	}
 }

@@ -40,3 +40,20 @@ func TestCheckClock(t *testing.T) {
 		t.Fatalf("this host against its own Postgres: %v", err)
 	}
 }
+
+func TestMaxDBConns(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		flag, want int
+		got        int32
+		bad        bool
+	}{
+		{0, 8, 8, false}, {0, 132, DefaultMaxDBConns, false}, {40, 132, 40, false}, {2, 132, 2, false},
+		{1, 8, 0, true}, {-3, 8, 0, true},
+	} {
+		got, err := MaxDBConns(c.flag, c.want)
+		if (err != nil) != c.bad || got != c.got {
+			t.Errorf("MaxDBConns(%d, %d) = %d, %v", c.flag, c.want, got, err)
+		}
+	}
+}

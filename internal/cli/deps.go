@@ -245,3 +245,27 @@ func checkClock(ctx context.Context, pool *pgxpool.Pool, limit time.Duration, wh
 	}
 	return nil
 }
+
+// DefaultMaxDBConns bounds a process's Postgres connections when
+// --db-max-conns is not given: a Stripe call in flight holds none, so more
+// workers do not need more connections, and a fleet of replicas must fit
+// the server's max_connections.
+const DefaultMaxDBConns = 16
+
+// RegisterMaxDBConns adds --db-max-conns.
+func RegisterMaxDBConns(fs *flag.FlagSet, dst *int) {
+	fs.IntVar(dst, "db-max-conns", EnvInt("PELGUARD_DB_MAX_CONNS", 0),
+		fmt.Sprintf("most Postgres connections this process opens (0: what its workers can use, at most %d) [PELGUARD_DB_MAX_CONNS]", DefaultMaxDBConns))
+}
+
+// MaxDBConns is the pool size: the flag when given, else want capped at
+// DefaultMaxDBConns.
+func MaxDBConns(flagValue, want int) (int32, error) {
+	switch {
+	case flagValue < 0 || flagValue == 1:
+		return 0, Usagef("--db-max-conns %d: want 0 (automatic) or at least 2 (a transaction and a heartbeat at once)", flagValue)
+	case flagValue > 0:
+		return int32(flagValue), nil
+	}
+	return int32(min(want, DefaultMaxDBConns)), nil
+}

@@ -50,6 +50,7 @@ type RunOptions struct {
 	MetricsAddr             string
 	DeadLetterAlertInterval time.Duration
 	WaitForDeps             time.Duration
+	MaxDBConns              int
 	Log                     cli.Logging
 	Stripe                  cli.Stripe
 	Slack                   cli.Slack
@@ -77,6 +78,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
 	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
 	cli.RegisterWait(fs, &o.WaitForDeps)
+	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
 	o.Log.Register(fs)
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
@@ -151,7 +153,11 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, int32(len(o.streams)*o.Workers*2+4))
+	conns, err := cli.MaxDBConns(o.MaxDBConns, len(o.streams)*o.Workers*2+4)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}

@@ -66,6 +66,7 @@ type RunOptions struct {
 	ShutdownTimeout       time.Duration
 	MetricsAddr           string
 	WaitForDeps           time.Duration
+	MaxDBConns            int
 	Log                   cli.Logging
 	Stripe                cli.Stripe
 	Slack                 cli.Slack
@@ -103,6 +104,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long re-drives in flight may take to finish")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_REAPER_METRICS_ADDR", "127.0.0.1:9465"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_REAPER_METRICS_ADDR]")
 	cli.RegisterWait(fs, &o.WaitForDeps)
+	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
 	o.Log.Register(fs)
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
@@ -205,7 +207,11 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, int32(o.Workers+o.PageWorkers*len(o.streams)+4))
+	conns, err := cli.MaxDBConns(o.MaxDBConns, o.Workers+o.PageWorkers*len(o.streams)+4)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
