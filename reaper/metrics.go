@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_reaper_decisions_total",
-			Help: "Decisions per pending entry, by stream and kind (gone, invalid, already_billed, conflict, lease_live, max_deliveries, claim, redriven, claim_lost, in_flight, error, remove_consumer).",
+			Help: "Decisions per pending entry, by stream and kind (gone, invalid, already_billed, conflict, lease_live, max_deliveries, claim, redriven, claim_lost, in_flight, unregistered_consumer, error, remove_consumer).",
 		}, []string{"stream", "kind"}),
 		redrives: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_reaper_redrives_total",
