@@ -20,14 +20,16 @@ import (
 // Webhook is where the emulator POSTs its events, as a Stripe webhook
 // endpoint subscribed to every event type would receive them.
 type Webhook struct {
-	// URL receives the events; no delivery when empty (events are still
-	// recorded and listed by Events).
+	// URL receives the events. Events are recorded (and listed by Events)
+	// only while URL or Hold is set, so load tests and the drill without a
+	// webhook pay nothing for them.
 	URL string
 	// Secret is the endpoint's signing secret ("whsec_…"), used exactly as
 	// Stripe uses it: the HMAC key is the whole string.
 	Secret string
 	// Hold records events without delivering them, so a test delivers them
 	// with DeliverEvents in the order it wants (out of order, twice, never).
+	// With Hold and no URL events are only recorded, for inspection.
 	Hold bool
 	// Now is the signing clock, time.Now when nil. It is not the emulator's
 	// clock: receivers check the signature's timestamp against their own
@@ -108,12 +110,15 @@ type eventJSON struct {
 // Dashboard user's doing). Callers may hold the store lock: the event log's
 // lock is taken after it, never before.
 func (s *Server) emit(typ, objectID string, obj any, livemode bool, c *apiCall) {
+	wh := s.webhook.Load()
+	if wh.URL == "" && !wh.Hold {
+		return
+	}
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		s.log.Error("stripesim: rendering event object", "type", typ, "err", err)
 		return
 	}
-	wh := s.webhook.Load()
 	l := s.events
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -122,7 +127,7 @@ func (s *Server) emit(typ, objectID string, obj any, livemode bool, c *apiCall) 
 	ej.ID = fmt.Sprintf("evt_sim%012d", l.seq)
 	ej.Object, ej.APIVersion, ej.Created, ej.Livemode, ej.Type = "event", EventAPIVersion, s.Now().Unix(), livemode, typ
 	ej.Data.Object = raw
-	if wh != nil && wh.URL != "" {
+	if wh.URL != "" {
 		ej.PendingWebhooks = 1
 	}
 	if c != nil && c.idemKey != "" {
@@ -132,7 +137,7 @@ func (s *Server) emit(typ, objectID string, obj any, livemode bool, c *apiCall) 
 	e := &event{Event{ID: ej.ID, Type: typ, ObjectID: objectID, Created: time.Unix(ej.Created, 0).UTC(), Payload: body}}
 	l.events = append(l.events, e)
 	l.byID[e.ID] = e
-	if wh != nil && wh.URL != "" && !wh.Hold {
+	if wh.URL != "" && !wh.Hold {
 		l.queue = append(l.queue, e)
 		select {
 		case l.wake <- struct{}{}:
@@ -194,7 +199,7 @@ func SignPayload(payload []byte, secret string, t time.Time) string {
 func (s *Server) deliver(ctx context.Context, e *event) Delivery {
 	d := Delivery{EventID: e.ID, At: s.Now()}
 	wh := s.webhook.Load()
-	if wh == nil || wh.URL == "" {
+	if wh.URL == "" {
 		d.Err = "no webhook URL configured"
 		s.recordDelivery(e, d)
 		return d

@@ -166,7 +166,7 @@ func everyEvent(t *testing.T) []Event {
 	srv, sc := setup(t, Config{Faults: Faults{
 		DebitCustomers: []string{"cus_ach"}, DeclineCodes: map[string]string{"cus_broke": "insufficient_funds"},
 		AuthRequiredCustomers: []string{"cus_3ds"},
-	}})
+	}, Webhook: Webhook{Hold: true}})
 	ok, err := sc.PaymentIntents.New(offSessionIntent("cus_ok", 100, "k-1"))
 	if err != nil {
 		t.Fatal(err)
@@ -311,6 +311,51 @@ func TestEventShapesMatchStripeMock(t *testing.T) {
 			if _, ok := fx[k]; !ok {
 				t.Errorf("%s: %s field %q not in stripe-mock's fixture", e.Type, kind, k)
 			}
+		}
+	}
+}
+
+func TestEventsOnlyRecordedWithAWebhookAndAdminEndpoints(t *testing.T) {
+	t.Parallel()
+	srv, sc := setup(t, Config{})
+	if _, err := sc.Charges.New(newChargeParams("cus_ok", 100, "k-none")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(srv.Events()); n != 0 {
+		t.Fatalf("no webhook, yet %d events", n)
+	}
+	url, got := newReceiver(t, "whsec_adm")
+	srv.SetWebhook(Webhook{URL: url, Secret: "whsec_adm", Hold: true})
+	if _, err := sc.Charges.New(newChargeParams("cus_ok", 100, "k-adm")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(srv.URL() + "/_sim/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	_ = resp.Body.Close()
+	if err != nil || len(list) != 1 || list[0].Type != "charge.succeeded" {
+		t.Fatalf("GET /_sim/events: %v %+v", err, list)
+	}
+	resp, err = http.Post(srv.URL()+"/_sim/events/deliver", "application/json",
+		strings.NewReader(`{"ids": ["`+list[0].ID+`", "`+list[0].ID+`"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []Delivery
+	err = json.NewDecoder(resp.Body).Decode(&ds)
+	_ = resp.Body.Close()
+	if err != nil || len(ds) != 2 || ds[0].Status != http.StatusOK || ds[1].Status != http.StatusOK {
+		t.Fatalf("POST /_sim/events/deliver: %v %+v", err, ds)
+	}
+	for range 2 {
+		if r := next(t, got); r.err != nil || r.ev.ID != list[0].ID {
+			t.Fatalf("replay: %v %s", r.err, r.ev.ID)
 		}
 	}
 }
