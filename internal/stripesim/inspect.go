@@ -38,7 +38,7 @@ type ChargeSeed struct {
 	Created        time.Time
 	Metadata       map[string]string
 	Description    string
-	Status         string // defaults to "succeeded"
+	Status         string // defaults to "succeeded"; "pending" seeds an unsettled debit (see Settle)
 	AmountRefunded int64
 	PaymentIntent  string
 	// ViaIntent stores the charge as pelguard's default mode makes it: by a
@@ -76,8 +76,11 @@ func (s *Server) SeedCharge(seed ChargeSeed) Charge {
 			id: piID, seq: piSeq, created: ch.created, customer: ch.customer, amount: ch.amount,
 			currency: ch.currency, description: ch.description, metadata: ch.metadata, status: "succeeded",
 		}
-		if ch.status == "failed" {
+		switch ch.status {
+		case "failed":
 			pi.status = "requires_payment_method"
+		case "pending":
+			pi.status, pi.debit = "processing", true
 		}
 		st.intents[piID] = pi
 		ch.paymentIntent = piID

@@ -244,3 +244,19 @@ func TestMoneyMotionFaultsRoundTripJSON(t *testing.T) {
 		t.Fatal("an empty decline code validated")
 	}
 }
+
+func TestSeededPendingDebitSettles(t *testing.T) {
+	t.Parallel()
+	srv, sc := setup(t, Config{})
+	seeded := srv.SeedCharge(ChargeSeed{Customer: "cus_ach", Amount: 300, Status: "pending", ViaIntent: true})
+	pi, err := sc.PaymentIntents.Get(seeded.PaymentIntent, nil)
+	if err != nil || pi.Status != stripe.PaymentIntentStatusProcessing {
+		t.Fatalf("seeded debit intent: %v %+v", err, pi)
+	}
+	if err := srv.Settle(seeded.ID, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	if pi, err := sc.PaymentIntents.Get(seeded.PaymentIntent, nil); err != nil || pi.Status != stripe.PaymentIntentStatusSucceeded {
+		t.Fatalf("settled seeded debit: %v", err)
+	}
+}
