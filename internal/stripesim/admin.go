@@ -28,6 +28,10 @@ type FaultsJSON struct {
 	DropNextCharges  int               `json:"drop_next_charges,omitempty"`
 	DropHang         bool              `json:"drop_hang,omitempty"`
 	FailNextRefunds  int               `json:"fail_next_refunds,omitempty"`
+	DeclineCodes     map[string]string `json:"decline_codes,omitempty"`
+	DebitCustomers   []string          `json:"debit_customers,omitempty"`
+	AuthRequired     []string          `json:"auth_required_customers,omitempty"`
+	NoPaymentMethod  []string          `json:"no_payment_method_customers,omitempty"`
 }
 
 func durStr(d time.Duration) string {
@@ -52,6 +56,8 @@ func (f Faults) ToJSON() FaultsJSON {
 	j.RateLimit, j.RateBurst, j.DeclineCustomers = f.RateLimit, f.RateBurst, f.DeclineCustomers
 	j.DropRate, j.DropNextCharges, j.DropHang = f.DropRate, f.DropNextCharges, f.DropHang
 	j.FailNextRefunds = f.FailNextRefunds
+	j.DeclineCodes, j.DebitCustomers = f.DeclineCodes, f.DebitCustomers
+	j.AuthRequired, j.NoPaymentMethod = f.AuthRequiredCustomers, f.NoPaymentMethodCustomers
 	return j
 }
 
@@ -83,6 +89,8 @@ func (j FaultsJSON) Faults() (Faults, error) {
 	f.RateLimit, f.RateBurst, f.DeclineCustomers = j.RateLimit, j.RateBurst, j.DeclineCustomers
 	f.DropRate, f.DropNextCharges, f.DropHang = j.DropRate, j.DropNextCharges, j.DropHang
 	f.FailNextRefunds = j.FailNextRefunds
+	f.DeclineCodes, f.DebitCustomers = j.DeclineCodes, j.DebitCustomers
+	f.AuthRequiredCustomers, f.NoPaymentMethodCustomers = j.AuthRequired, j.NoPaymentMethod
 	return f, err
 }
 
@@ -98,6 +106,17 @@ func (j FaultsJSON) Faults() (Faults, error) {
 //	POST /_sim/refund      {"charge": "ch_…", "amount": 0} refunds by hand (RefundByHand)
 //	POST /_sim/dispute     {"charge": "ch_…"} opens a dispute (Dispute)
 //	GET  /_sim/disputes    Disputes()
+//	POST /_sim/settle      {"id": "pi_…|ch_…", "succeeded": false, "failure_code": "account_closed"}
+//	                       settles a pending bank debit (Settle): the bank's answer, days later
+//	GET  /_sim/events      every event (Events), with its signed payload and deliveries
+//	POST /_sim/events/deliver {"ids": ["evt_…", …]} POSTs those events to the webhook now,
+//	                       in that order (DeliverEvents): replays and out-of-order delivery
+//
+// Per-customer outcomes are faults (POST /_sim/faults): decline_customers,
+// decline_codes {"cus_…": "insufficient_funds"}, debit_customers (end
+// "processing"/"pending" until settled), auth_required_customers (402
+// authentication_required off-session, requires_action on-session) and
+// no_payment_method_customers (400, intent requires_payment_method).
 func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	reply := func(status int, v any) {
 		w.Header().Set("Content-Type", "application/json")
@@ -106,6 +125,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	}
 	fail := func(status int, err error) { reply(status, map[string]string{"error": err.Error()}) }
 	if status, v, ok := s.serveByHand(r); ok {
+		reply(status, v)
+		return
+	}
+	if status, v, ok := s.serveEvents(r); ok {
 		reply(status, v)
 		return
 	}

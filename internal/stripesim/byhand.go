@@ -69,8 +69,10 @@ func (s *Server) Dispute(chargeID string) (string, error) {
 		return "", fmt.Errorf("disputing %s: a %s charge cannot be disputed", chargeID, ch.status)
 	}
 	id, seq := st.nextID("dp")
-	st.disputes[id] = &dispute{id: id, seq: seq, created: s.Now().Unix(), charge: ch.id, amount: ch.amount, reason: "fraudulent"}
+	dp := &dispute{id: id, seq: seq, created: s.Now().Unix(), charge: ch.id, amount: ch.amount, reason: "fraudulent"}
+	st.disputes[id] = dp
 	ch.disputed = true
+	s.emit("charge.dispute.created", dp.id, dp.json(ch), ch.livemode, nil)
 	return id, nil
 }
 
@@ -113,4 +115,27 @@ func (s *Server) serveByHand(r *http.Request) (status int, v any, ok bool) {
 		return http.StatusBadRequest, map[string]string{"error": err.Error()}, true
 	}
 	return http.StatusOK, map[string]string{"id": id}, true
+}
+
+type disputeJSON struct {
+	ID                 string            `json:"id"`
+	Object             string            `json:"object"`
+	Amount             int64             `json:"amount"`
+	Charge             string            `json:"charge"`
+	Created            int64             `json:"created"`
+	Currency           string            `json:"currency"`
+	IsChargeRefundable bool              `json:"is_charge_refundable"`
+	Livemode           bool              `json:"livemode"`
+	Metadata           map[string]string `json:"metadata"`
+	PaymentIntent      *string           `json:"payment_intent"`
+	Reason             string            `json:"reason"`
+	Status             string            `json:"status"`
+}
+
+func (d *dispute) json(ch *charge) disputeJSON {
+	return disputeJSON{
+		ID: d.id, Object: "dispute", Amount: d.amount, Charge: d.charge, Created: d.created,
+		Currency: ch.currency, Livemode: ch.livemode, Metadata: map[string]string{},
+		PaymentIntent: nilIfEmpty(ch.paymentIntent), Reason: d.reason, Status: "needs_response",
+	}
 }

@@ -58,24 +58,23 @@ func (s *Server) parseChargeParams(c *apiCall) (chargeParams, response, bool) {
 	return p, response{}, true
 }
 
-// declined is Stripe's 402 for a card decline. It is cached: the request
-// executed, and Stripe replays it for the same key.
-func declined(chargeID string, intent any) response {
-	resp := errorResp(http.StatusPaymentRequired, stripeError{
-		Type: "card_error", Code: "card_declined", DeclineCode: "generic_decline",
-		Message: "Your card was declined.", Charge: chargeID, PaymentIntent: intent,
-		DocURL: "https://stripe.com/docs/error-codes/card-declined",
-	})
-	resp.cache = true
-	return resp
-}
-
+// createCharge serves POST /v1/charges. The faults decide as for a
+// confirmed PaymentIntent: a succeeded charge, a pending one for a bank
+// debit, a 402 decline with its decline_code (authentication required is
+// a decline too: the Charges API cannot do 3-D Secure), or, for a customer
+// without a payment method, Stripe's 400 "no active card".
 func (s *Server) createCharge(c *apiCall) response {
 	p, resp, ok := s.parseChargeParams(c)
 	if !ok {
 		return resp
 	}
-	f := s.faults.current()
+	oc := s.faults.current().outcomeFor(p.customer, p.paymentMethod)
+	if oc.kind == outNoPaymentMethod {
+		resp := errorResp(http.StatusBadRequest, stripeError{Type: "invalid_request_error", Code: "missing",
+			Param: "card", Message: "Cannot charge a customer that has no active card"})
+		resp.cache = true
+		return resp
+	}
 	now := s.Now().Unix()
 	st := s.store
 	st.mu.Lock()
@@ -85,15 +84,19 @@ func (s *Server) createCharge(c *apiCall) response {
 		description: p.description, status: "succeeded", paymentMethod: p.paymentMethod,
 		metadata: p.metadata, livemode: c.livemode, idemKey: c.idemKey,
 	}
-	if f.declines[p.customer] {
-		ch.status, ch.failureCode, ch.failureMessage = "failed", "card_declined", "Your card was declined."
+	switch oc.kind {
+	case outPending:
+		ch.status = "pending"
+	case outDeclined, outAuthRequired:
+		ch.decline(oc.declineCode)
 	}
 	st.addCharge(ch)
+	s.emitOutcome(ch, nil, c)
 	out := ch.json()
 	st.mu.Unlock()
 	s.chargeCreates.Add(1)
 	if ch.status == "failed" {
-		return declined(ch.id, nil)
+		return declinedErr(oc.declineCode, ch.id, nil)
 	}
 	resp = jsonResp(out)
 	resp.createdCharge = true

@@ -44,6 +44,25 @@ type Faults struct {
 	// card_error/card_declined/generic_decline. The failed charge is stored
 	// with status "failed", as Stripe does.
 	DeclineCustomers []string
+	// DeclineCodes maps a customer (or payment method) id to the
+	// decline_code its card charges fail with: a 402 card_error
+	// card_declined carrying that decline_code, and a failed charge whose
+	// outcome.reason is it. SoftDeclineCodes and HardDeclineCodes list the
+	// codes pelguard tells apart. It wins over DeclineCustomers.
+	DeclineCodes map[string]string
+	// DebitCustomers are customer or payment-method ids paying by bank debit
+	// (ACH, SEPA, Bacs): a confirmed PaymentIntent ends the create call
+	// "processing" with a "pending" charge, a charge create answers a
+	// "pending" charge, and nothing is final until Settle.
+	DebitCustomers []string
+	// AuthRequiredCustomers are customer or payment-method ids whose bank
+	// asks for authentication (3-D Secure). See createIntent for what an
+	// off-session and an on-session confirm then answer.
+	AuthRequiredCustomers []string
+	// NoPaymentMethodCustomers are customer ids with no usable payment
+	// method: a confirm without payment_method fails 400 and leaves the
+	// intent "requires_payment_method"; a charge create fails 400 missing.
+	NoPaymentMethodCustomers []string
 
 	// DropRate is the fraction of successful charge creates (POST
 	// /v1/charges, confirmed POST /v1/payment_intents) whose connection is
@@ -90,6 +109,11 @@ func (f Faults) Validate() error {
 	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 || f.FailNextRefunds < 0 {
 		errs = append(errs, errors.New("RateLimit, RateBurst, DropNextCharges and FailNextRefunds must not be negative"))
 	}
+	for id, code := range f.DeclineCodes {
+		if code == "" {
+			errs = append(errs, fmt.Errorf("DeclineCodes[%q] is empty", id))
+		}
+	}
 	l := f.Latency
 	if l.Fixed < 0 || l.Min < 0 || l.Max < l.Min || l.Tail < 0 {
 		errs = append(errs, fmt.Errorf("invalid latency %+v: durations must be >= 0 and Max >= Min", l))
@@ -101,8 +125,11 @@ func (f Faults) Validate() error {
 // reads faults without a lock.
 type activeFaults struct {
 	Faults
-	declines map[string]bool
-	limiter  *rate.Limiter
+	declines     map[string]bool
+	debits       map[string]bool
+	authRequired map[string]bool
+	noPM         map[string]bool
+	limiter      *rate.Limiter
 }
 
 type faultState struct {
@@ -119,10 +146,8 @@ func (fs *faultState) init(seed int64, f Faults) {
 }
 
 func (fs *faultState) set(f Faults) {
-	a := &activeFaults{Faults: f, declines: make(map[string]bool, len(f.DeclineCustomers))}
-	for _, c := range f.DeclineCustomers {
-		a.declines[c] = true
-	}
+	a := &activeFaults{Faults: f, declines: setOf(f.DeclineCustomers), debits: setOf(f.DebitCustomers),
+		authRequired: setOf(f.AuthRequiredCustomers), noPM: setOf(f.NoPaymentMethodCustomers)}
 	if f.RateLimit > 0 {
 		burst := f.RateBurst
 		if burst == 0 {
@@ -247,4 +272,12 @@ func (s *Server) sleepLatency(r *http.Request, rt routeInfo) {
 	case <-r.Context().Done():
 	case <-s.closing:
 	}
+}
+
+func setOf(ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
 }

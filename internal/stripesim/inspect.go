@@ -16,7 +16,9 @@ type Charge struct {
 	AmountRefunded int64
 	Currency       string
 	Created        time.Time
-	Status         string // "succeeded" or "failed"
+	Status         string // "succeeded", "pending" (a bank debit not yet settled) or "failed"
+	FailureCode    string // e.g. "card_declined", "account_closed"
+	DeclineCode    string // a card decline's decline_code, e.g. "insufficient_funds"
 	Refunded       bool   // fully refunded
 	Disputed       bool   // a dispute was opened (Dispute)
 	Description    string
@@ -36,7 +38,7 @@ type ChargeSeed struct {
 	Created        time.Time
 	Metadata       map[string]string
 	Description    string
-	Status         string // defaults to "succeeded"
+	Status         string // defaults to "succeeded"; "pending" seeds an unsettled debit (see Settle)
 	AmountRefunded int64
 	PaymentIntent  string
 	// ViaIntent stores the charge as pelguard's default mode makes it: by a
@@ -74,8 +76,11 @@ func (s *Server) SeedCharge(seed ChargeSeed) Charge {
 			id: piID, seq: piSeq, created: ch.created, customer: ch.customer, amount: ch.amount,
 			currency: ch.currency, description: ch.description, metadata: ch.metadata, status: "succeeded",
 		}
-		if ch.status == "failed" {
+		switch ch.status {
+		case "failed":
 			pi.status = "requires_payment_method"
+		case "pending":
+			pi.status, pi.debit = "processing", true
 		}
 		st.intents[piID] = pi
 		ch.paymentIntent = piID
@@ -91,6 +96,7 @@ func (c *charge) export() Charge {
 	return Charge{
 		ID: c.id, Customer: c.customer, Amount: c.amount, AmountRefunded: c.amountRefunded,
 		Currency: c.currency, Created: time.Unix(c.created, 0).UTC(), Status: c.status,
+		FailureCode: c.failureCode, DeclineCode: c.declineCode,
 		Refunded: c.status == "succeeded" && c.amountRefunded >= c.amount, Disputed: c.disputed, Description: c.description,
 		Metadata: maps.Clone(c.metadata), PaymentIntent: c.paymentIntent, IdempotencyKey: c.idemKey,
 	}
@@ -158,7 +164,8 @@ type DuplicateGroup struct {
 }
 
 // Duplicates returns every (Stripe customer, billing period) with more than
-// one succeeded, not fully refunded charge, sorted by customer then period.
+// one succeeded, not fully refunded or pending charge (a pending debit is
+// money on its way), sorted by customer then period.
 // The period is metadata billing_period or, failing that, parsed from a
 // "Usage billing for <period>" description; charges with neither are ignored.
 func (s *Server) Duplicates() []DuplicateGroup {
@@ -167,7 +174,7 @@ func (s *Server) Duplicates() []DuplicateGroup {
 	st := s.store
 	st.rlockSorted(func() []sorter { return []sorter{&st.allCharges} })
 	for _, ch := range st.allCharges.items {
-		if !ch.billable() {
+		if !ch.billable() && ch.status != "pending" {
 			continue
 		}
 		period := ch.metadata["billing_period"]

@@ -1,10 +1,34 @@
 package stripesim
 
-// createIntent serves POST /v1/payment_intents. With confirm=true (pelguard
-// sends off_session=true too) it settles at once, as an off-session card
-// payment does: a succeeded intent and its charge, or on a decline an intent
-// back in requires_payment_method, a failed charge and a 402. Without
-// confirm it only records the intent; there is no separate confirm endpoint.
+import "net/http"
+
+// createIntent serves POST /v1/payment_intents. Without confirm it only
+// records the intent; there is no separate confirm endpoint. With
+// confirm=true (pelguard sends off_session=true too) the outcome comes from
+// the faults for the customer or payment method:
+//
+//   - a card that pays: a succeeded intent and its succeeded charge;
+//   - a bank debit (DebitCustomers): 200, the intent "processing" and its
+//     charge "pending" until Settle;
+//   - a decline (DeclineCustomers, DeclineCodes): 402 card_error
+//     card_declined with the decline_code, a failed charge, and the intent
+//     back in "requires_payment_method" with last_payment_error;
+//   - authentication required (AuthRequiredCustomers): see below;
+//   - no payment method (NoPaymentMethodCustomers, no payment_method
+//     param): 400 payment_intent_unexpected_state, the intent left
+//     "requires_payment_method", no charge.
+//
+// Authentication required follows Stripe's documented off-session
+// behaviour ("Save a card and charge it later": when a payment attempt
+// fails, the request fails with a 402 and the PaymentIntent's status is
+// requires_payment_method; the error code is authentication_required).
+// With off_session=true the issuer declines the charge for want of 3-D
+// Secure, so we store a failed charge (outcome.reason
+// authentication_required, as Stripe lists it among its decline codes) and
+// answer that 402. Without off_session the customer could authenticate, so
+// Stripe answers 200 with status "requires_action" and a next_action, and
+// no charge exists yet; that is what an integration that forgot
+// off_session=true sees.
 func (s *Server) createIntent(c *apiCall) response {
 	if c.form.expands("latest_charge") {
 		// As on Stripe, expanding an object needs read access to it.
@@ -17,24 +41,40 @@ func (s *Server) createIntent(c *apiCall) response {
 		return resp
 	}
 	confirm := c.form.boolParam("confirm")
-	f := s.faults.current()
+	oc := s.faults.current().outcomeFor(p.customer, p.paymentMethod)
 	now := s.Now().Unix()
 	st := s.store
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	id, seq := st.nextID("pi")
 	pi := &intent{
 		id: id, seq: seq, created: now, customer: p.customer, amount: p.amount, currency: p.currency,
 		description: p.description, paymentMethod: p.paymentMethod, metadata: p.metadata,
-		livemode: c.livemode, status: "requires_payment_method",
+		livemode: c.livemode, status: "requires_payment_method", debit: oc.kind == outPending,
 	}
 	if p.paymentMethod != "" {
 		pi.status = "requires_confirmation"
 	}
 	st.intents[pi.id] = pi
 	if !confirm {
-		out := pi.json()
-		st.mu.Unlock()
-		return jsonResp(out)
+		return jsonResp(pi.json())
+	}
+	switch {
+	case oc.kind == outNoPaymentMethod:
+		pi.status = "requires_payment_method"
+		resp := errorResp(http.StatusBadRequest, stripeError{
+			Type: "invalid_request_error", Code: "payment_intent_unexpected_state", Param: "payment_method",
+			Message: "You cannot confirm this PaymentIntent because it's missing a payment method. To confirm the " +
+				"PaymentIntent with " + p.customer + ", specify a payment method attached to this customer along with the customer ID.",
+			PaymentIntent: pi.json(),
+		})
+		resp.cache = true // it executed: the same key replays it
+		return resp
+	case oc.kind == outAuthRequired && !c.form.boolParam("off_session"):
+		pi.status = "requires_action"
+		pi.nextAction = &nextActionJSON{Type: "use_stripe_sdk", UseStripeSDK: map[string]any{"type": "three_d_secure_redirect"}}
+		s.emit("payment_intent.requires_action", pi.id, pi.json(), pi.livemode, c)
+		return jsonResp(pi.json())
 	}
 	chID, chSeq := st.nextID("ch")
 	ch := &charge{
@@ -47,27 +87,60 @@ func (s *Server) createIntent(c *apiCall) response {
 		// expand[]=data.payment_intent fallback be tested.
 		ch.metadata, ch.description = nil, ""
 	}
-	if f.declines[p.customer] {
-		ch.status, ch.failureCode, ch.failureMessage = "failed", "card_declined", "Your card was declined."
+	switch oc.kind {
+	case outPending:
+		ch.status, pi.status = "pending", "processing"
+	case outDeclined, outAuthRequired:
+		ch.decline(oc.declineCode)
 		pi.status = "requires_payment_method"
-	} else {
+		pi.lastError = &stripeError{Type: "card_error", Code: "card_declined", DeclineCode: oc.declineCode,
+			Message: ch.failureMessage, Charge: ch.id}
+		if oc.kind == outAuthRequired {
+			pi.lastError.Code = "authentication_required"
+		}
+	default:
 		pi.status = "succeeded"
 	}
 	st.addCharge(ch)
+	s.emitOutcome(ch, pi, c)
 	out := pi.json()
 	if c.form.expands("latest_charge") {
 		// Stripe honours expand on create too; without it every charge
 		// would cost the client a second request.
 		out.LatestCharge = ch.json()
 	}
-	st.mu.Unlock()
 	s.chargeCreates.Add(1)
 	if ch.status == "failed" {
-		return declined(ch.id, out)
+		return declinedErr(oc.declineCode, ch.id, out)
 	}
 	resp = jsonResp(out)
 	resp.createdCharge = true
 	return resp
+}
+
+// decline marks a new charge failed by the card issuer with code.
+func (ch *charge) decline(code string) {
+	ch.status, ch.failureCode, ch.declineCode = "failed", "card_declined", code
+	if code == "authentication_required" {
+		ch.failureCode = "authentication_required"
+	}
+	ch.failureMessage = declineMessage(code)
+}
+
+// emitOutcome records the events of a charge reaching its status and, when
+// pi is not nil, of its intent following; callers hold the store lock.
+func (s *Server) emitOutcome(ch *charge, pi *intent, c *apiCall) {
+	chType, piType := "charge.succeeded", "payment_intent.succeeded"
+	switch ch.status {
+	case "pending":
+		chType, piType = "charge.pending", "payment_intent.processing"
+	case "failed":
+		chType, piType = "charge.failed", "payment_intent.payment_failed"
+	}
+	s.emit(chType, ch.id, ch.json(), ch.livemode, c)
+	if pi != nil {
+		s.emit(piType, pi.id, pi.json(), pi.livemode, c)
+	}
 }
 
 // getIntent serves GET /v1/payment_intents/{id}; expand[]=latest_charge

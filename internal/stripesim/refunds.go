@@ -85,6 +85,7 @@ func (s *Server) refundLocked(ch *charge, amount int64, hasAmount bool, reason s
 	st.allRefunds.add(re)
 	ch.refunds.add(re)
 	ch.amountRefunded += amount
+	s.emit("charge.refunded", ch.id, ch.json(), ch.livemode, nil)
 	return re, response{}
 }
 

@@ -19,6 +19,7 @@ package stripesim
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"github.com/pelguard/pelguard/clock"
@@ -69,6 +70,9 @@ type Config struct {
 	// endpoint's kind ("charge", "payment_intent", "refund", …). It is a
 	// signal for tests: "a request now holds its key", instead of a sleep.
 	OnExecute func(kind string)
+	// Webhook, when its URL is set, receives every event, signed with its
+	// Secret; SetWebhook changes it later.
+	Webhook Webhook
 }
 
 // Server is a running emulator. All methods are safe for concurrent use.
@@ -93,6 +97,13 @@ type Server struct {
 	closeOnce sync.Once
 	hungMu    sync.Mutex
 	hung      map[net.Conn]struct{}
+
+	events         *eventLog
+	webhook        atomic.Pointer[Webhook]
+	webhookClient  *http.Client
+	webhookTr      *http.Transport
+	stopDeliveries context.CancelFunc
+	deliveriesDone chan struct{}
 
 	// testHookExecute, when set, runs after the idempotency claim and the
 	// latency, just before the endpoint executes. Tests use it to hold a
@@ -126,8 +137,15 @@ func New(cfg Config) (*Server, error) {
 		counts:  make(map[string]int64),
 		closing: make(chan struct{}),
 		hung:    make(map[net.Conn]struct{}),
+		events:  newEventLog(),
 	}
 	s.faults.init(cfg.Seed, cfg.Faults)
+	s.SetWebhook(cfg.Webhook)
+	s.webhookTr = &http.Transport{MaxIdleConnsPerHost: 4}
+	s.webhookClient = &http.Client{Transport: s.webhookTr, Timeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopDeliveries, s.deliveriesDone = cancel, make(chan struct{})
+	go s.runDeliveries(ctx)
 	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.http.Serve(ln) }()
 	return s, nil
@@ -153,6 +171,9 @@ func (s *Server) URL() string { return s.url }
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.closing)
+		s.stopDeliveries()
+		<-s.deliveriesDone
+		s.webhookTr.CloseIdleConnections()
 		_ = s.http.Close()
 		s.hungMu.Lock()
 		for c := range s.hung {

@@ -1,6 +1,7 @@
 package stripesim
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 )
@@ -71,8 +72,11 @@ type charge struct {
 	amountRefunded int64
 	currency       string
 	description    string
-	status         string // succeeded | failed
+	status         string // succeeded | pending | failed
 	failureCode    string
+	// declineCode is a card decline's decline_code, rendered as
+	// outcome.reason; empty for debits, whose failureCode says it all.
+	declineCode    string
 	failureMessage string
 	paymentIntent  string
 	paymentMethod  string
@@ -101,6 +105,19 @@ type intent struct {
 	livemode      bool
 	latestCharge  string
 	charges       index[*charge]
+	// debit marks an intent paid by bank debit (payment_method_types
+	// us_bank_account): it goes through "processing" before it is final.
+	debit bool
+	// lastError is Stripe's last_payment_error: why the last attempt failed.
+	lastError *stripeError
+	// nextAction is set while status is "requires_action".
+	nextAction *nextActionJSON
+}
+
+// nextActionJSON is the next_action of an intent waiting for the customer.
+type nextActionJSON struct {
+	Type         string         `json:"type"`
+	UseStripeSDK map[string]any `json:"use_stripe_sdk,omitempty"`
 }
 
 func (p *intent) sortKey() sortKey { return sortKey{p.created, p.seq} }
@@ -222,20 +239,23 @@ type chargeJSON struct {
 
 func (c *charge) json() chargeJSON {
 	ok := c.status == "succeeded"
+	captured := ok || c.status == "pending"
 	out := chargeJSON{
 		ID: c.id, Object: "charge", Amount: c.amount, AmountRefunded: c.amountRefunded,
-		Captured: ok, Created: c.created, Currency: c.currency, Customer: nilIfEmpty(c.customer),
+		Captured: captured, Created: c.created, Currency: c.currency, Customer: nilIfEmpty(c.customer),
 		Description: nilIfEmpty(c.description), Disputed: c.disputed, FailureCode: nilIfEmpty(c.failureCode),
 		FailureMessage: nilIfEmpty(c.failureMessage), Livemode: c.livemode, Metadata: nonNil(c.metadata),
 		Paid: ok, PaymentMethod: nilIfEmpty(c.paymentMethod),
 		Refunded: ok && c.amountRefunded >= c.amount, Status: c.status,
 	}
-	if ok {
+	if captured {
+		// A pending debit is captured (the money is on its way) but not
+		// paid until it settles.
 		out.AmountCaptured = c.amount
 		out.Outcome = outcomeJSON{NetworkStatus: "approved_by_network", RiskLevel: "normal",
 			SellerMessage: "Payment complete.", Type: "authorized"}
 	} else {
-		reason := "generic_decline"
+		reason := cmp.Or(c.declineCode, c.failureCode, "generic_decline")
 		out.Outcome = outcomeJSON{NetworkStatus: "declined_by_network", Reason: &reason, RiskLevel: "normal",
 			SellerMessage: "The bank did not return any further details with this decline.", Type: "issuer_declined"}
 	}
@@ -256,9 +276,11 @@ type intentJSON struct {
 	Currency           string            `json:"currency"`
 	Customer           *string           `json:"customer"`
 	Description        *string           `json:"description"`
+	LastPaymentError   *stripeError      `json:"last_payment_error"`
 	LatestCharge       any               `json:"latest_charge"`
 	Livemode           bool              `json:"livemode"`
 	Metadata           map[string]string `json:"metadata"`
+	NextAction         *nextActionJSON   `json:"next_action"`
 	PaymentMethod      *string           `json:"payment_method"`
 	PaymentMethodTypes []string          `json:"payment_method_types"`
 	Status             string            `json:"status"`
@@ -271,6 +293,10 @@ func (p *intent) json() intentJSON {
 		Customer: nilIfEmpty(p.customer), Description: nilIfEmpty(p.description),
 		Livemode: p.livemode, Metadata: nonNil(p.metadata), PaymentMethod: nilIfEmpty(p.paymentMethod),
 		PaymentMethodTypes: []string{"card"}, Status: p.status,
+		LastPaymentError: p.lastError, NextAction: p.nextAction,
+	}
+	if p.debit {
+		out.PaymentMethodTypes = []string{"us_bank_account"}
 	}
 	if p.status == "succeeded" {
 		out.AmountReceived = p.amount
