@@ -80,7 +80,15 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 		return "", nil, fmt.Errorf("starting the refund of %s: %w", f.ChargeID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The key's lock, and its Stripe customer's: a legacy finding may not
+	// know its team customer, and an import or a consumer recording this
+	// charge for any key of that Stripe customer and period waits for it.
+	// Always in this order (key, then Stripe customer), so two refunds
+	// cannot deadlock.
 	if err := a.ledger.LockKey(ctx, tx, ledger.Key{CustomerID: f.CustomerID, BillingPeriod: f.BillingPeriod}); err != nil {
+		return "", nil, err
+	}
+	if err := a.ledger.LockKey(ctx, tx, ledger.StripeLockKey(f.StripeCustomerID, f.BillingPeriod)); err != nil {
 		return "", nil, err
 	}
 	if _, err := tx.Exec(ctx, lockRefundLedger, a.ledger.Schema()); err != nil {

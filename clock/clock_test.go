@@ -43,7 +43,7 @@ func TestFollowingSimAdvanceAndOr(t *testing.T) {
 	t.Parallel()
 	c := clock.NewSimFollowing()
 	c.Advance(25 * time.Hour)
-	if d := c.Now().Sub(time.Now()); d < 24*time.Hour || d > 26*time.Hour {
+	if d := time.Until(c.Now()); d < 24*time.Hour || d > 26*time.Hour {
 		t.Fatalf("following clock is %s ahead, want about 25h", d)
 	}
 	select {

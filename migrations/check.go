@@ -16,7 +16,10 @@ import (
 )
 
 // Tables are pelguard's tables, the ones MoveSchema moves. Nothing else in
-// a database is pelguard's.
+// a database is pelguard's. tablesOf says which migration creates each:
+// MoveSchema moves only the tables of migrations applied in the schema it
+// moves from, so a team's own table that happens to share a name with a
+// later migration's (a refund_ledger of theirs) is never taken.
 var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", VersionTable}
 
 // State is what Check read about a schema. Reading it writes nothing: not
@@ -34,6 +37,11 @@ type State struct {
 // Pending reports whether a migration is not applied.
 func (s State) Pending() bool {
 	return slices.ContainsFunc(s.Migrations, func(m Status) bool { return !m.Applied })
+}
+
+var tablesOf = map[string]int64{
+	"billing_records": 1, "spend_caps": 1, "audit_runs": 2, "audit_findings": 2,
+	"import_runs": 4, "imported_periods": 4, "refund_ledger": 5, "external_leases": 7,
 }
 
 // ErrLegacyLedger is wrapped by State.Err when the ledger sits in another
@@ -193,8 +201,15 @@ func MoveSchema(ctx context.Context, pool *pgxpool.Pool, from, to string) ([]str
 	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{to}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("creating schema %s: %w", to, err)
 	}
+	applied, _, err := appliedVersions(ctx, pool, from)
+	if err != nil {
+		return nil, err
+	}
 	var moved []string
 	for _, t := range Tables {
+		if v, ok := tablesOf[t]; ok && !applied[v] {
+			continue // not made by pelguard in from: whatever has this name there is not ours
+		}
 		var inFrom, inTo bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
 			pgx.Identifier{from, t}.Sanitize(), pgx.Identifier{to, t}.Sanitize()).Scan(&inFrom, &inTo); err != nil {

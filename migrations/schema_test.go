@@ -160,3 +160,44 @@ func TestLegacyLedgerIsRefusedThenMoved(t *testing.T) {
 		t.Fatal("MoveSchema moved a schema that holds no pelguard ledger")
 	}
 }
+
+// A team's own table named like a later migration's (refund_ledger) in the
+// schema an earlier pelguard used is not pelguard's: migrate move leaves it.
+func TestMoveLeavesATeamsTableOfALaterMigrationsName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.BareDB(t)
+	old := testenv.SchemaOf(pool)
+	pel := "pel_" + testenv.Suffix()
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pel+" CASCADE") })
+	m, err := migrations.New(pool, old, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// An earlier version: only migrations 1–3 applied; the team owns a
+	// refund_ledger of its own.
+	for _, q := range []string{
+		`DROP TABLE refund_ledger CASCADE`,
+		`DELETE FROM pelguard_schema_migrations WHERE version_id > 3`,
+		`CREATE TABLE refund_ledger (team_column text)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	moved, err := migrations.MoveSchema(ctx, pool, old, pel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(moved, "refund_ledger") || !slices.Contains(moved, "billing_records") {
+		t.Fatalf("moved %v: want pelguard's tables of migrations 1–3, not the team's refund_ledger", moved)
+	}
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, old+".refund_ledger").Scan(&ok); err != nil || !ok {
+		t.Fatalf("the team's refund_ledger left %s (%v)", old, err)
+	}
+}

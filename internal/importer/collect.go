@@ -100,21 +100,30 @@ func (r *run) collect(ctx context.Context) error {
 		r.sum.StripeCharges++
 		customer := ch.Metadata[stripeapi.MetaCustomerID]
 		if customer == "" {
+			// Only a customer known to owe exactly this amount for this
+			// period may own the charge: a Stripe customer can pay for
+			// several of the team's customers (B2B), and a charge filed
+			// under the wrong one would become a "duplicate" that refunds
+			// another customer's only payment.
 			ids := owners[ch.StripeCustomerID]
-			switch len(ids) {
-			case 0:
+			var match []string
+			for id := range ids {
+				if amt, ok := r.amountOf(ledger.Key{CustomerID: id, BillingPeriod: period}); ok && amt == ch.AmountCents {
+					match = append(match, id)
+				}
+			}
+			switch {
+			case len(ids) == 0:
 				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, "no customer_id for Stripe customer "+ch.StripeCustomerID+
 					" (neither the team's table nor the stream's events name it): not imported")
 				return nil
-			case 1:
-				for id := range ids {
-					customer = id
-				}
-			default:
-				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, fmt.Sprintf("Stripe customer %s belongs to %d of the team's customers: which one this charge bills is ambiguous, not imported",
-					ch.StripeCustomerID, len(ids)))
+			case len(match) != 1:
+				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, fmt.Sprintf("Stripe customer %s stands for %d of the team's customers and %d of them owe %d for %s: "+
+					"which one this charge bills cannot be told, not imported (pelguard asks Stripe before charging any key of the period)",
+					ch.StripeCustomerID, len(ids), len(match), ch.AmountCents, period))
 				return nil
 			}
+			customer = match[0]
 		}
 		e := r.get(ledger.Key{CustomerID: customer, BillingPeriod: period})
 		e.charges = appendCharge(e.charges, ch)
@@ -125,6 +134,20 @@ func (r *run) collect(ctx context.Context) error {
 	}
 	r.progress("listed %d charges at Stripe, %d of them charges of %s", listed, r.sum.StripeCharges, r.cfg.Period)
 	return nil
+}
+
+// amountOf is what the key owes, by its stream event or the team's row.
+func (r *run) amountOf(k ledger.Key) (int64, bool) {
+	e, ok := r.keys[k]
+	switch {
+	case !ok:
+		return 0, false
+	case e.event != nil:
+		return e.event.AmountCents, true
+	case e.team != nil && e.team.AmountCents != nil:
+		return *e.team.AmountCents, true
+	}
+	return 0, false
 }
 
 // pelguardCharge adds a charge pelguard made (its marker names the key).

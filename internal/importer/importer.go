@@ -177,8 +177,10 @@ type keyed struct {
 	problems []string
 }
 
-// Run imports. Its error means nothing was written (the write is one
-// transaction); what could not be imported is in the Summary, not an error.
+// Run imports. What could not be imported is in the Summary, not an error.
+// An error part-way leaves the periods marked as having imported history
+// (written first) and the rows written so far: a rerun completes it, and
+// meanwhile the consumer asks Stripe before charging in those periods.
 func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := cfg.validate(); err != nil {
 		return Summary{}, err

@@ -183,3 +183,44 @@ func TestImportQueryIsReadOnly(t *testing.T) {
 		t.Fatalf("%d caps written (%v)", n, err)
 	}
 }
+
+// B2B: one Stripe customer pays for two of the team's customers, and only
+// c_1 appears in the team's table. c_2's charge (another amount) is not
+// filed under c_1 as a "duplicate" (its refund would take c_2's only
+// payment): it is reported and not imported.
+func TestImportNeverFilesAnotherCustomersChargeAsADuplicate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	team := "team_" + testenv.Suffix()
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+team+" CASCADE") })
+	if err := teamsys.CreateTable(ctx, pool, team); err != nil {
+		t.Fatal(err)
+	}
+	sim := stripesim.MustNew(stripesim.Config{})
+	t.Cleanup(sim.Close)
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: stripeapi.NoRetries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Description: "Usage billing for 2026-11"})
+	c2 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 4000, Description: "Usage billing for 2026-11"})
+	if _, err := pool.Exec(ctx, `INSERT INTO `+team+`.billing_records (customer_id, billing_period, charge_id, amount_cents, status) VALUES ('c_1', '2026-11', $1, 2500, 'charged')`, c1.ID); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := importer.Run(ctx, importer.Config{DB: pool, Schema: testenv.SchemaOf(pool), Stripe: sc, Namespace: "x",
+		FromTable: team + ".billing_records", FromStripe: true, Period: "2026-11", Now: sim.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Duplicates) != 0 || sum.ImportedCharged != 1 {
+		t.Fatalf("summary %+v: want c_1 imported and no duplicate", sum)
+	}
+	found := false
+	for _, p := range sum.Skipped {
+		found = found || p.ChargeID == c2.ID
+	}
+	if !found {
+		t.Fatalf("c_2's charge %s is not reported: %+v", c2.ID, sum.Skipped)
+	}
+}

@@ -27,6 +27,12 @@ func (r *run) decide() ([]ledger.Record, []Duplicate) {
 	periods := map[string]bool{}
 	for _, k := range keys {
 		e := r.keys[k]
+		if e.team != nil || len(e.charges) > 0 {
+			// History seen for this period, imported or not: pelguard
+			// cannot prove from its ledger that a key of it was never
+			// charged (a row skipped below is exactly such a key).
+			periods[k.BillingPeriod] = true
+		}
 		for _, p := range e.problems {
 			r.skip(k, "", p)
 		}
@@ -129,6 +135,15 @@ func (r *run) write(ctx context.Context, recs []ledger.Record, dups []Duplicate)
 		return fmt.Errorf("recording the import run: %w", err)
 	}
 	r.sum.RunID = runID
+	// The periods first, in their own commit: if a ledger chunk below
+	// fails, the consumer still asks Stripe before charging any key of
+	// them, rather than trusting a half-imported ledger.
+	for _, p := range r.sum.Periods {
+		if _, err := r.db.Exec(ctx, `INSERT INTO {schema}.imported_periods (billing_period, last_import_id) VALUES ($1, $2)
+			ON CONFLICT (billing_period) DO UPDATE SET last_import_id = excluded.last_import_id`, p, runID); err != nil {
+			return fmt.Errorf("recording imported period %s: %w", p, err)
+		}
+	}
 	const chunk = 500
 	for start := 0; start < len(recs); start += chunk {
 		res, err := l.Import(ctx, recs[start:min(start+chunk, len(recs))])
@@ -161,12 +176,6 @@ func (r *run) write(ctx context.Context, recs []ledger.Record, dups []Duplicate)
 			d.ChargeID, d.CustomerID, d.BillingPeriod, d.StripeCustomerID, d.CanonicalChargeID,
 			event.IdempotencyKey(d.CustomerID, d.BillingPeriod, r.cfg.Namespace), d.AmountCents, d.Currency, runID); err != nil {
 			return fmt.Errorf("recording the duplicate %s: %w", d.ChargeID, err)
-		}
-	}
-	for _, p := range r.sum.Periods {
-		if _, err := r.db.Exec(ctx, `INSERT INTO {schema}.imported_periods (billing_period, last_import_id) VALUES ($1, $2)
-			ON CONFLICT (billing_period) DO UPDATE SET last_import_id = excluded.last_import_id`, p, runID); err != nil {
-			return fmt.Errorf("recording imported period %s: %w", p, err)
 		}
 	}
 	sum, _ := json.Marshal(r.sum)

@@ -110,9 +110,14 @@ func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool,
 		cust[i], per[i], ch[i], ep[i] = c.Record.CustomerID, c.Record.BillingPeriod, c.ChargeID, c.Record.Epoch
 	}
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		keys := make([]Key, len(cs))
-		for i, c := range cs {
-			keys[i] = c.Record.Key
+		// Every key's lock before any Stripe customer's, the order a refund
+		// takes them in, so the two never wait on each other in a circle.
+		keys := make([]Key, 0, 2*len(cs))
+		for _, c := range cs {
+			keys = append(keys, c.Record.Key)
+		}
+		for _, c := range cs {
+			keys = append(keys, StripeLockKey(c.Record.StripeCustomerID, c.Record.BillingPeriod))
 		}
 		if err := l.lockKeysShared(ctx, tx, keys...); err != nil {
 			return err

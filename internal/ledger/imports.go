@@ -88,7 +88,7 @@ func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, err
 		}
 		var chargeID *string
 		var chargedAt *time.Time
-		if err := l.lockKeysShared(ctx, tx, r.Key); err != nil {
+		if err := l.lockKeysShared(ctx, tx, r.Key, StripeLockKey(r.StripeCustomerID, r.BillingPeriod)); err != nil {
 			return nil, err
 		}
 		if r.Status == StatusCharged {

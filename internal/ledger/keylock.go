@@ -40,6 +40,15 @@ func (l *Ledger) lockKeysShared(ctx context.Context, tx pgx.Tx, keys ...Key) err
 	return nil
 }
 
+// StripeKey is the lock key of a Stripe customer's billing period: a
+// legacy duplicate finding may know only its Stripe customer (no ledger
+// row names its team customer), so its refund locks this key too, and every
+// ledger write of a charge for that Stripe customer and period takes it
+// shared.
+func StripeLockKey(stripeCustomerID, period string) Key {
+	return Key{CustomerID: "stripe:" + stripeCustomerID, BillingPeriod: period}
+}
+
 // LockKey takes k's lock exclusively for the rest of tx, waiting for every
 // ledger write of k in progress: what a refund holds from its last look at
 // the ledger and Stripe to the recorded refund. tx must be a transaction on

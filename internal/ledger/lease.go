@@ -223,7 +223,7 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 		}
 		var r Record
 		err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-			if err := l.lockKeysShared(ctx, tx, rec.Key); err != nil {
+			if err := l.lockKeysShared(ctx, tx, rec.Key, StripeLockKey(rec.StripeCustomerID, rec.BillingPeriod)); err != nil {
 				return err
 			}
 			var err error
