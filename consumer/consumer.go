@@ -143,6 +143,14 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// DescriptionTemplate makes a Description from a template in which
+// {period} stands for the billing period ("Usage billing for {period}"):
+// the team's description, so that look-ups recognise the team's charges
+// and a charge under the team's key has the team's request shape.
+func DescriptionTemplate(tmpl string) func(event.Event) string {
+	return func(ev event.Event) string { return strings.ReplaceAll(tmpl, "{period}", ev.BillingPeriod) }
+}
+
 // Validate reports the first configuration error, naming the fix.
 func (c *Config) Validate() error {
 	switch {

@@ -169,6 +169,9 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 			return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("looking up an earlier charge past the key window: %w", err))
 		}
 		if ok {
+			if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
+				return res, err
+			}
 			log.InfoContext(ctx, "found the charge of an earlier attempt at Stripe", slog.String("charge_id", found.ID))
 			return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
 		}
@@ -246,6 +249,9 @@ func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, 
 	ctx := h.ctx
 	found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
 	if err == nil && ok {
+		if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
+			return res, err
+		}
 		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
 			slog.String("charge_id", found.ID))
 		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
@@ -265,6 +271,34 @@ func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause e
 	if err := p.cfg.ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
+}
+
+// foundElsewhere stops a look-up from taking a charge the ledger already
+// records for another key: an unmarked charge matched by customer, amount
+// and description can be another team customer's when one Stripe customer
+// pays for several (B2B). Then nobody can tell whether this key was
+// charged: it stays pending, and a human is told (never a second charge,
+// never a unique-charge violation).
+func (p *Processor) foundElsewhere(ctx context.Context, rec ledger.Record, ev event.Event, found stripeapi.Charge) (Outcome, bool, error) {
+	ids := []string{found.ID}
+	if found.PaymentIntentID != "" {
+		ids = append(ids, found.PaymentIntentID)
+	}
+	recs, err := p.cfg.ledger.ByChargeIDs(ctx, ids)
+	if err != nil {
+		res, err := p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("checking who the found charge belongs to: %w", err))
+		return res, true, err
+	}
+	for _, other := range recs {
+		if other.Key != rec.Key {
+			detail := fmt.Sprintf("the only matching charge at Stripe, %s, is the ledger's charge of %s (one Stripe customer paying for several customers?): whether %s/%s was charged cannot be told; check at Stripe, then record or replay it by hand",
+				found.ID, other.Key, ev.CustomerID, ev.BillingPeriod)
+			p.cfg.Notifier.Notify(alerts.StripeLookupFailed(ev.CustomerID, ev.BillingPeriod, detail))
+			res, err := p.release(ctx, rec, OutcomeRetryLater, errors.New(detail))
+			return res, true, err
+		}
+	}
+	return "", false, nil
 }
 
 // chargeQuery is how this key's charge is recognised at Stripe: by

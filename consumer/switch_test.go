@@ -161,3 +161,44 @@ func TestConsumerRegistersLiveness(t *testing.T) {
 		return reg["registered-consumer"].After(first)
 	}, "the heartbeat refreshed the registration")
 }
+
+// B2B: one Stripe customer pays for c_b1 and c_b2, the same amount. The
+// team charged c_b1 (imported: the ledger records it); c_b2's look-up
+// matches that same unmarked charge. pelguard neither records another
+// customer's charge for c_b2 nor charges it blind: it stays pending and
+// the alert says why.
+func TestLookupNeverTakesAnotherKeysCharge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	e1, e2 := ev(31), ev(32)
+	e2.StripeCustomerID, e2.AmountCents = e1.StripeCustomerID, e1.AmountCents
+	team := b.teamCharge(t, e1)
+	b.sim.Advance(25 * time.Hour)
+	ctx := context.Background()
+	if _, err := b.ledger.SeedForTest(ctx, []ledger.Record{{Key: ledger.EventKey(e1), StripeCustomerID: e1.StripeCustomerID,
+		AmountCents: e1.AmountCents, IdempotencyKey: e1.Key(teamNamespace), ChargeID: team.ID}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO imported_periods (billing_period) VALUES ('2026-11')`); err != nil {
+		t.Fatal(err)
+	}
+	b.add(t, e2)
+	mem := alerts.NewMemory()
+	cfg := b.config(t, "")
+	cfg.Namespace, cfg.Notifier, cfg.Stripe, cfg.OmitChargeMetadata = teamNamespace, mem, b.chargesClient(t), true
+	start(t, cfg)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, a := range mem.Alerts() {
+			if a.Kind == alerts.KindStripeLookupFailed {
+				return true
+			}
+		}
+		return false
+	}, "an alert that c_b2's charge cannot be told")
+	if got := b.status(e2); got != ledger.StatusPending {
+		t.Fatalf("c_b2 is %q, want pending", got)
+	}
+	if n := b.allCharges(e1); n != 1 {
+		t.Fatalf("%d charges for the shared Stripe customer, want 1 (nothing charged blind)", n)
+	}
+}

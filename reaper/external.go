@@ -233,6 +233,9 @@ func (r *Reaper) externalRedrive(ctx context.Context, st *streamState, msg redis
 
 	key := ev.Key(r.cfg.Namespace)
 	desc := "Usage billing for " + ev.BillingPeriod
+	if r.cfg.Description != nil {
+		desc = r.cfg.Description(ev)
+	}
 	// Ask Stripe first, always: the team's consumer may have charged and
 	// died before its INSERT, more than 24 h ago (the key forgotten), or a
 	// re-published event's first copy was charged under another stream id.

@@ -144,6 +144,10 @@ type Config struct {
 	// declined). It should do nothing on a row that exists (ON CONFLICT DO
 	// NOTHING). Empty: the article's INSERT.
 	ExternalInsert string
+	// Description is the charge description of re-drives (default the
+	// seed's "Usage billing for <period>"); it must match the consumers'
+	// (see consumer.DescriptionTemplate).
+	Description func(event.Event) string
 
 	// OnDecision, if set, is called for every decision, from the pass's
 	// goroutine and from re-drive goroutines: it must be safe for concurrent
@@ -298,7 +302,7 @@ func New(cfg Config) (*Reaper, error) {
 				Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Stripe: cfg.Stripe,
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
-				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata,
+				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 			})
 			if err != nil {

@@ -35,6 +35,7 @@ fixed) and Slack is told once per permission.`
 type RunOptions struct {
 	RedisURL, DatabaseURL   string
 	Schema                  string
+	ChargeDescription       string
 	ChargeMetadata          bool
 	Streams                 cli.Streams
 	Group                   string
@@ -62,6 +63,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	cli.RegisterRedis(fs, &o.RedisURL)
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
+	fs.StringVar(&o.ChargeDescription, "charge-description", cli.Env("PELGUARD_CHARGE_DESCRIPTION", "Usage billing for {period}"), "the charge description; {period} is the billing period. Keep your old consumer's, so look-ups recognise its charges and its keys see the same request [PELGUARD_CHARGE_DESCRIPTION]")
 	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "consume (one consumer per stream, each with --workers)")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
@@ -199,7 +201,8 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 func (o *RunOptions) config() consumer.Config {
 	return consumer.Config{
 		Name: o.Name, Namespace: o.Namespace, Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata,
-		Count: o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
+		Description: consumer.DescriptionTemplate(o.ChargeDescription),
+		Count:       o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
 		RequireCap: o.RequireCap, Rules: event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
 	}
 }

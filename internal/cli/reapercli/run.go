@@ -43,6 +43,7 @@ refused unless --allow-unrestricted-key.`
 type RunOptions struct {
 	RedisURL, DatabaseURL string
 	Schema                string
+	ChargeDescription     string
 	ChargeMetadata        bool
 	StoppedConsumers      string
 	ExternalLedger        string
@@ -78,6 +79,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	cli.RegisterRedis(fs, &o.RedisURL)
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
+	fs.StringVar(&o.ChargeDescription, "charge-description", cli.Env("PELGUARD_CHARGE_DESCRIPTION", "Usage billing for {period}"), "the charge description; {period} is the billing period. Keep your old consumer's, so look-ups recognise its charges and its keys see the same request [PELGUARD_CHARGE_DESCRIPTION]")
 	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each re-drive's charge; false sends the article's request shape (must match the consumers') [PELGUARD_CHARGE_METADATA]")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
@@ -279,7 +281,7 @@ func (o *RunOptions) config() reaper.Config {
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
 		Rules:  event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
-		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
+		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: consumer.DescriptionTemplate(o.ChargeDescription), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
 	}
 }
