@@ -91,18 +91,24 @@ func (a *Auditor) teamCustomers(ctx context.Context, c *collector) (teamMap, err
 // rows of that Stripe customer and period. Only the listed charges are
 // compared (the ledger's charge of one of them says nothing about whose an
 // unmarked charge is), grouped by amount, each customer's amount being
-// this period's row's, else its latest. A group of one charge is no
+// this period's row's (a customer without one makes the split ambiguous). A group of one charge is no
 // finding. In a group whose amount exactly one team customer pays, the
 // later charges are that customer's duplicates of the earliest. Any other
 // group of several charges is ambiguous (ambiguous_legacy, never
 // refunded): each may be the only charge of a different customer.
 func splitLegacy(k groupKey, es []entry, rows []ledger.Record, team []teamCustomer) []Finding {
+	// Only this period's rows tell what a customer owes now: an amount
+	// from another period is no proof, and a customer with no row this
+	// period might owe any amount, which makes every group ambiguous.
 	amounts := map[string]int64{}
-	for _, tc := range team {
-		amounts[tc.id] = tc.amount
-	}
 	for _, r := range rows {
 		amounts[r.CustomerID] = r.AmountCents
+	}
+	unknown := false
+	for _, tc := range team {
+		if _, ok := amounts[tc.id]; !ok {
+			unknown = true
+		}
 	}
 	ids := make([]string, len(team))
 	for i, tc := range team {
@@ -134,7 +140,7 @@ func splitLegacy(k groupKey, es []entry, rows []ledger.Record, team []teamCustom
 			f := base
 			f.Subject, f.ChargeID, f.CanonicalChargeID = e.id, e.id, canonical
 			f.AmountCents, f.Currency = e.net(), e.currency
-			if len(who) == 1 {
+			if len(who) == 1 && !unknown {
 				f.Kind, f.CustomerID = KindDuplicate, who[0]
 				f.Detail = fmt.Sprintf("legacy (unmarked) %s; of the team's customers on %s, only %s pays this amount",
 					dupDetail(e, canonical), k.customer, who[0])

@@ -64,20 +64,35 @@ func TestLegacyStreamSharedStripeCustomerNotADuplicate(t *testing.T) {
 	}
 }
 
-// Amounts tell the customers apart: acme-eu pays 2500, acme-us 900; two
-// 2500 legacy charges are acme-eu's duplicate, the 900 one is acme-us's.
+// Amounts tell the customers apart only when this period's rows say what
+// each owes: acme-eu 2500, acme-us 900 this period; two 2500 legacy charges
+// are acme-eu's duplicate. With only last period's amounts it is no proof
+// (a customer's amount changes): the same charges are ambiguous, never
+// refunded.
 func TestLegacySharedStripeCustomerToldApartByAmount(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.seed(t, b2bRow("acme-eu", "ch_old_eu", 2500), b2bRow("acme-us", "ch_old_us", 900))
-	b.acmeLegacy(2500, at1)
-	b.acmeLegacy(900, at1.Add(time.Minute))
-	dup := b.acmeLegacy(2500, at2)
-	rep := b.run(t, b.auditor(t, legacyMode))
-	if len(rep.Findings) != 1 {
-		t.Fatalf("findings %+v", rep.Findings)
-	}
-	if f := rep.Findings[0]; f.Kind != KindDuplicate || f.ChargeID != dup || f.CustomerID != "acme-eu" || !f.Legacy {
-		t.Fatalf("finding %+v, want %s acme-eu's duplicate", f, dup)
+	for _, thisPeriod := range []bool{true, false} {
+		b := setup(t)
+		eu, us := b2bRow("acme-eu", "ch_old_eu", 2500), b2bRow("acme-us", "ch_old_us", 900)
+		if thisPeriod {
+			eu.BillingPeriod, us.BillingPeriod = testPeriod, testPeriod
+			eu.ChargeID, us.ChargeID = "", ""
+			eu.Status, us.Status = ledger.StatusDeclined, ledger.StatusDeclined
+		}
+		b.seed(t, eu, us)
+		b.acmeLegacy(2500, at1)
+		b.acmeLegacy(900, at1.Add(time.Minute))
+		dup := b.acmeLegacy(2500, at2)
+		rep := b.run(t, b.auditor(t, legacyMode))
+		if len(rep.Findings) != 1 {
+			t.Fatalf("this period=%v: findings %+v", thisPeriod, rep.Findings)
+		}
+		f := rep.Findings[0]
+		switch {
+		case thisPeriod && (f.Kind != KindDuplicate || f.ChargeID != dup || f.CustomerID != "acme-eu" || !f.Legacy):
+			t.Fatalf("finding %+v, want %s acme-eu's duplicate", f, dup)
+		case !thisPeriod && f.Kind != KindAmbiguousLegacy:
+			t.Fatalf("last period's amounts only: finding %+v, want ambiguous_legacy", f)
+		}
 	}
 }
