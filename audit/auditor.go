@@ -11,7 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/tracing"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -25,6 +30,7 @@ type Auditor struct {
 	stripe   *stripeapi.Client
 	legacyRE *regexp.Regexp
 	log      *slog.Logger
+	tracer   trace.Tracer
 	pages    atomic.Int64
 
 	// afterLock, when set, runs once a run holds the lock: tests use it to
@@ -38,7 +44,7 @@ func New(cfg Config) (*Auditor, error) {
 		return nil, fmt.Errorf("audit config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	a := &Auditor{cfg: cfg, store: NewStore(cfg.DB, cfg.Schema), log: cfg.Logger}
+	a := &Auditor{cfg: cfg, store: NewStore(cfg.DB, cfg.Schema), log: cfg.Logger, tracer: tracing.Tracer(cfg.TracerProvider)}
 	a.ledger = ledger.New(cfg.DB, cfg.Schema, cfg.Clock)
 	sc := cfg.Stripe
 	sc.HTTPClient = countingClient(sc.HTTPClient, &a.pages)
@@ -102,7 +108,22 @@ func (r Report) ExitCode() int {
 // the findings, alerts with the new ones and, with AutoRefund, refunds open
 // duplicates within the caps. It returns ErrLocked when another run holds
 // the lock past LockWait, ErrEmptyWindow when there is nothing to audit.
+// The run is one pelguard.audit_run span.
 func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
+	ctx, span := a.tracer.Start(ctx, "pelguard.audit_run")
+	defer span.End()
+	rep, err := a.run(ctx, w)
+	span.SetAttributes(attribute.Int64("pelguard.audit.run_id", rep.RunID),
+		attribute.Int64("pelguard.audit.charges_scanned", rep.ChargesScanned),
+		attribute.Int("pelguard.audit.new_findings", rep.NewFindings),
+		attribute.Int("pelguard.audit.open_findings", rep.OpenFindings))
+	if err != nil {
+		span.SetStatus(codes.Error, "audit run failed") // not err's text: it may quote a request
+	}
+	return rep, err
+}
+
+func (a *Auditor) run(ctx context.Context, w Window) (Report, error) {
 	start := time.Now()
 	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRun, a.cfg.LockWait)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
@@ -90,6 +91,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is "now" for windows and stuck rows; nil is the wall clock.
 	Clock clock.Clock
+	// TracerProvider makes a pelguard.audit_run span per Run. nil: the
+	// global provider, a no-op unless the binary installed the SDK.
+	TracerProvider trace.TracerProvider
 
 	SettleDelay     time.Duration
 	Overlap         time.Duration

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
@@ -31,6 +32,7 @@ import (
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/startstop"
+	"github.com/pelguard/pelguard/internal/tracing"
 )
 
 // Defaults.
@@ -95,6 +97,10 @@ type Config struct {
 	Metrics     *Metrics                     // optional
 	Logger      *slog.Logger                 // default: discard
 	Clock       clock.Clock                  // default: wall clock
+	// TracerProvider makes the spans of each event (pelguard.event with
+	// stripe.charge, stripe.find_charge and redis.xack children). nil: the
+	// global provider, a no-op unless the binary installed the SDK.
+	TracerProvider trace.TracerProvider
 
 	// Test holds hooks for tests and the drill; production leaves it zero.
 	Test TestConfig
@@ -198,7 +204,7 @@ func NewProcessor(cfg Config) (*Processor, error) {
 		return nil, err
 	}
 	cfg.Metrics.startStream(cfg.Stream)
-	return &Processor{cfg: cfg, hb: newHeartbeat(cfg.Redis, cfg.ledger, cfg.Stream, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.Test.DisableHeartbeat)}, nil
+	return &Processor{cfg: cfg, tracer: tracing.Tracer(cfg.TracerProvider), hb: newHeartbeat(cfg.Redis, cfg.ledger, cfg.Stream, cfg.Group, cfg.Name, cfg.Lease, cfg.Logger, cfg.Metrics, cfg.Test.DisableHeartbeat)}, nil
 }
 
 // RunHeartbeat renews the processor's holds until ctx is done.
@@ -268,6 +274,7 @@ type job struct {
 	msg    redis.XMessage
 	h      *hold
 	pre    *ledger.Record // lease taken by the reader's batch reservation, if any
+	readAt time.Time      // when XREADGROUP returned it: the start of its span
 }
 
 func (c *Consumer) run(readCtx, workCtx context.Context) error {
@@ -304,7 +311,7 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 func (c *Consumer) handle(j job) {
 	defer c.proc.hb.remove(j.h)
 	defer c.cfg.Metrics.held(c.cfg.Stream, -1)
-	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre) // outcomes are logged and counted inside
+	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre, j.readAt) // outcomes are logged and counted inside
 }
 
 // readLoop reads batches and hands every entry to a worker. With a pinned
@@ -344,6 +351,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 			continue
 		}
 		backoff = 100 * time.Millisecond
+		readAt := time.Now()
 		var msgs []redis.XMessage
 		for _, s := range res {
 			msgs = append(msgs, s.Messages...)
@@ -365,7 +373,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		pre := c.reserveBatch(workCtx, msgs, holds)
 		for i, m := range msgs {
 			select {
-			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i], pre: pre[i]}:
+			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i], pre: pre[i], readAt: readAt}:
 			case <-readCtx.Done():
 				// Shutting down before these started: they stay pending
 				// (never acked) for the next delivery, and the leases the

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DeadLetterStream is where entries that must not be charged go, with the
@@ -76,6 +77,7 @@ func DeadLetterMany(ctx context.Context, rdb redis.UniversalClient, stream, grou
 
 func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
 	p.hb.acking(stream, msg.ID)
+	trace.SpanFromContext(ctx).SetAttributes(attrDeadLetterReason.String(reason))
 	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {
 		return OutcomeRetryLater, err
 	}

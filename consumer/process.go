@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/event"
@@ -56,6 +58,7 @@ const (
 // DESIGN.md, shared by the consumer's workers and the reaper's re-drive.
 type Processor struct {
 	cfg     Config
+	tracer  trace.Tracer
 	hb      *heartbeat
 	commits *committer // the consumer's group commit of charged outcomes; nil: one by one
 }
@@ -67,20 +70,18 @@ type Processor struct {
 func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessage) (Outcome, error) {
 	h := p.hb.add(ctx, stream, msg.ID)
 	defer p.hb.remove(h)
-	return p.process(h, msg)
+	return p.processPrepared(h, msg, nil, time.Time{})
 }
 
-func (p *Processor) process(h *hold, msg redis.XMessage) (out Outcome, err error) {
-	return p.processPrepared(h, msg, nil)
-}
-
-// processPrepared is process with an optional lease the reader already took
-// for this entry in a batch (ledger.ReserveNew): then the per-event Reserve
-// is skipped, everything else is the same.
-func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record) (out Outcome, err error) {
-	ctx := h.ctx
+// processPrepared handles one held entry, with an optional lease the reader
+// already took for it in a batch (ledger.ReserveNew): then the per-event
+// Reserve is skipped, everything else is the same. readAt, if set, is when the
+// reader got the entry: the event's span starts there.
+func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record, readAt time.Time) (out Outcome, err error) {
+	ctx, span := p.startEvent(h, msg.ID, readAt)
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
 	defer func() {
+		endEvent(span, out, err)
 		p.cfg.Metrics.event(h.stream, out)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
@@ -99,10 +100,12 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter)
 	}
 	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
+	span.SetAttributes(attrCustomerID.String(ev.CustomerID), attrBillingPeriod.String(ev.BillingPeriod))
 	key := ev.Key(p.cfg.Namespace)
 
 	if pre != nil && pre.IdempotencyKey == key {
-		return p.charge(h, msg, ev, *pre, log)
+		span.AddEvent("ledger.reserved", trace.WithAttributes(attrDecision.String("batch")))
+		return p.charge(ctx, h, msg, ev, *pre, log)
 	}
 	claim, err := p.cfg.ledger.Reserve(ctx, p.reserveRequest(ev, msg.ID))
 	var capErr *ledger.CapError
@@ -117,6 +120,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 		return p.leftPending(ctx, OutcomeRetryLater, fmt.Errorf("reserving: %w", err))
 	}
 
+	span.AddEvent("ledger.reserved", trace.WithAttributes(attrDecision.String(claim.Decision.String())))
 	switch claim.Decision {
 	case ledger.AlreadyTerminal:
 		// Partial batch / AOF rollback / killed before XACK: the ledger says
@@ -136,7 +140,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 
 	rec := claim.Record
 	h.setLease(&rec)
-	return p.charge(h, msg, ev, rec, log)
+	return p.charge(ctx, h, msg, ev, rec, log)
 }
 
 func (p *Processor) reserveRequest(ev event.Event, msgID string) ledger.ReserveRequest {
@@ -148,8 +152,8 @@ func (p *Processor) reserveRequest(ev event.Event, msgID string) ledger.ReserveR
 
 // charge makes (or finds) the Stripe charge for a row whose lease we hold,
 // records the outcome, then acks.
-func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledger.Record, log *slog.Logger) (Outcome, error) {
-	ctx := h.ctx
+// ctx is h.ctx with the event's span.
+func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev event.Event, rec ledger.Record, log *slog.Logger) (Outcome, error) {
 	now := p.cfg.Clock.Now()
 
 	// Past the safe window Stripe may have forgotten the key, and in a
@@ -162,7 +166,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	}
 	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || eventPastWindow(ev, now, p.cfg.SafeKeyWindow) {
 		start := time.Now()
-		found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
+		found, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 		if err != nil {
 			p.cfg.Notifier.Notify(alerts.StripeLookupFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
@@ -173,7 +177,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 				return res, err
 			}
 			log.InfoContext(ctx, "found the charge of an earlier attempt at Stripe", slog.String("charge_id", found.ID))
-			return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+			return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
 		}
 	}
 
@@ -202,16 +206,16 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 	if p.cfg.OmitChargeMetadata {
 		req.Metadata = nil
 	}
-	ch, err := p.cfg.Stripe.Charge(ctx, req)
+	ch, err := p.stripeCharge(ctx, req)
 	p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 	if p.cfg.Test.AfterStripeReply != nil {
 		p.cfg.Test.AfterStripeReply()
 	}
 	switch {
 	case err == nil:
-		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch.ID}, OutcomeCharged)
+		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch.ID}, OutcomeCharged)
 	case errors.Is(err, stripeapi.ErrCardDeclined):
-		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error()}, OutcomeDeclined)
+		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error()}, OutcomeDeclined)
 	case errors.Is(err, stripeapi.ErrTransient):
 		if cause := context.Cause(ctx); errors.Is(cause, errLeaseLost) {
 			return p.release(ctx, rec, OutcomeLeaseLost, nil)
@@ -231,7 +235,7 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 		// The key was first used with other parameters (a changed default
 		// payment method, a config change between attempts). That first use
 		// may have charged: the outcome is unknown, so look before deciding.
-		return p.resolveMismatch(h, rec, ev, err, log)
+		return p.resolveMismatch(ctx, h, rec, ev, err, log)
 	default:
 		// Invalid request: Stripe refused it outright, nothing was charged
 		// and retrying cannot help. Record it, park the event, tell a human.
@@ -245,16 +249,15 @@ func (p *Processor) charge(h *hold, msg redis.XMessage, ev event.Event, rec ledg
 
 // resolveMismatch handles Stripe's idempotency_error: find the charge the key
 // already made and record it, or leave the event pending and alert.
-func (p *Processor) resolveMismatch(h *hold, rec ledger.Record, ev event.Event, cause error, log *slog.Logger) (Outcome, error) {
-	ctx := h.ctx
-	found, ok, err := p.cfg.Stripe.FindCharge(ctx, p.chargeQuery(ev, rec))
+func (p *Processor) resolveMismatch(ctx context.Context, h *hold, rec ledger.Record, ev event.Event, cause error, log *slog.Logger) (Outcome, error) {
+	found, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
 	if err == nil && ok {
 		if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
 			return res, err
 		}
 		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
 			slog.String("charge_id", found.ID))
-		return p.finish(h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
 	}
 	detail := "idempotency key reused with different parameters and no earlier charge found; it stays pending until the key expires at Stripe"
 	if err != nil {
@@ -338,9 +341,12 @@ func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) boo
 }
 
 // finish writes the terminal outcome (fenced), then acks: write-before-ack.
-func (p *Processor) finish(h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
-	ctx, cancel := detach(h.ctx) // a charge was made: record it even if the lease is being lost
+func (p *Processor) finish(ctx context.Context, h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
+	ctx, cancel := detach(ctx) // a charge was made: record it even if the lease is being lost
 	defer cancel()
+	if o.ChargeID != "" {
+		trace.SpanFromContext(ctx).SetAttributes(attrChargeID.String(o.ChargeID))
+	}
 	if res, err := p.finishOnly(ctx, rec, o); err != nil || res == OutcomeLeaseLost {
 		// Not recorded by us: no ack (invariant 3). The entry stays pending
 		// and the next delivery finds whatever the new holder recorded.
@@ -393,7 +399,10 @@ func (p *Processor) ack(ctx context.Context, stream, id string) error {
 	p.hb.acking(stream, id)
 	ctx, cancel := detach(ctx)
 	defer cancel()
+	ctx, span := p.tracer.Start(ctx, "redis.xack", trace.WithSpanKind(trace.SpanKindClient))
+	defer span.End()
 	if err := p.cfg.Redis.XAck(ctx, stream, p.cfg.Group, id).Err(); err != nil {
+		span.SetStatus(codes.Error, "XACK failed")
 		// Harmless for money: the ledger is terminal, so the redelivery (or
 		// the reaper) acks it without a Stripe call.
 		return fmt.Errorf("XACK %s %s: %w", stream, id, err)

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
@@ -210,13 +213,22 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 				wg.Done()
 			}
 		}()
+		// The re-driven event's pelguard.event span is this one's child.
+		ctx, span := r.tracer.Start(workCtx, "pelguard.redrive", trace.WithAttributes(
+			attribute.String("pelguard.stream", st.Stream), attribute.String("pelguard.message_id", e.pe.ID),
+			attribute.Int64("pelguard.deliveries", e.pe.RetryCount), attribute.String("pelguard.decision", string(d.Kind))))
 		var out consumer.Outcome
 		var err error
 		if r.team != nil {
-			out, err = r.externalRedrive(workCtx, st, msgs[0])
+			out, err = r.externalRedrive(ctx, st, msgs[0])
 		} else {
-			out, err = st.proc.Process(workCtx, st.Stream, msgs[0])
+			out, err = st.proc.Process(ctx, st.Stream, msgs[0])
 		}
+		span.SetAttributes(attribute.String("pelguard.outcome", string(out)))
+		if err != nil {
+			span.SetStatus(codes.Error, string(out)) // not err's text: it may quote a request
+		}
+		span.End()
 		rd := d
 		rd.Time, rd.Kind, rd.Outcome = r.cfg.Clock.Now(), KindRedriven, out
 		if out == consumer.OutcomeRetryLater && errors.Is(err, stripeapi.ErrTransient) {

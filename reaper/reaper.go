@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
@@ -39,6 +40,7 @@ import (
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/startstop"
+	"github.com/pelguard/pelguard/internal/tracing"
 )
 
 // Defaults.
@@ -159,6 +161,10 @@ type Config struct {
 	ConsumerMetrics *consumer.Metrics // optional: the re-drive's consumer series
 	Logger          *slog.Logger      // default: discard
 	Clock           clock.Clock       // default: wall clock; judges ledger leases
+	// TracerProvider makes a pelguard.redrive span per re-drive, the parent
+	// of the re-driven event's pelguard.event. nil: the global provider, a
+	// no-op unless the binary installed the SDK.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -231,6 +237,7 @@ func (c *Config) Validate() error {
 // RunOnce for one pass.
 type Reaper struct {
 	cfg     Config
+	tracer  trace.Tracer
 	streams []*streamState
 
 	// passMu serialises passes, so two passes never decide the same entry.
@@ -279,7 +286,7 @@ func New(cfg Config) (*Reaper, error) {
 		cfg.Logger.Warn("reaper: --min-idle is not above the re-drive heartbeat interval (lease/3)",
 			slog.Duration("min_idle", cfg.MinIdle), slog.Duration("lease", cfg.Lease))
 	}
-	r := &Reaper{
+	r := &Reaper{tracer: tracing.Tracer(cfg.TracerProvider),
 		cfg:      cfg,
 		ledger:   ledger.New(cfg.DB, cfg.Schema, cfg.Clock),
 		stopped:  stoppedSet(cfg.StoppedConsumers),
@@ -304,6 +311,7 @@ func New(cfg Config) (*Reaper, error) {
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
+				TracerProvider: cfg.TracerProvider,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("reaper: building the re-drive processor for %s: %w", sg, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/internal/tracing"
 	"github.com/pelguard/pelguard/migrations"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -268,4 +269,20 @@ func MaxDBConns(flagValue, want int) (int32, error) {
 		return int32(flagValue), nil
 	}
 	return int32(min(want, DefaultMaxDBConns)), nil
+}
+
+// Tracing installs the OpenTelemetry SDK with the OTLP exporter when the
+// standard OTEL_* variables name an endpoint (internal/tracing), for the
+// binary prog. The returned stop flushes and shuts it down, bounded; it is
+// a no-op when tracing is off. A broken OTEL configuration is a UsageError.
+func Tracing(ctx context.Context, prog string) (stop func(), err error) {
+	shutdown, err := tracing.Setup(ctx, "pelguard-"+prog)
+	if err != nil {
+		return nil, Usagef("%v", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = shutdown(ctx) // spans lost at exit cost no money
+	}, nil
 }

@@ -10,7 +10,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/internal/tracing"
 )
 
 // Cluster URL schemes. A Redis Cluster is named by its seed nodes, comma
@@ -156,16 +159,29 @@ func failoverError(err error) bool {
 // newRedisClient builds a single-node or cluster client from a URL, and the
 // address list to name in errors.
 func newRedisClient(raw string) (redis.UniversalClient, string, error) {
+	var c redis.UniversalClient
+	var addr string
 	if IsClusterURL(raw) {
 		opt, err := ParseClusterURL(raw)
 		if err != nil {
 			return nil, "", err
 		}
-		return NewClusterClient(opt), strings.Join(opt.Addrs, ","), nil
+		c, addr = NewClusterClient(opt), strings.Join(opt.Addrs, ",")
+	} else {
+		opt, err := redis.ParseURL(raw)
+		if err != nil {
+			return nil, "", err
+		}
+		c, addr = redis.NewClient(opt), opt.Addr
 	}
-	opt, err := redis.ParseURL(raw)
-	if err != nil {
-		return nil, "", err
+	if tracing.Enabled() {
+		// go-redis's own instrumentation: a span per command under the
+		// event's. Without the statement: command arguments carry event
+		// bodies and dead-letter details.
+		if err := redisotel.InstrumentTracing(c, redisotel.WithDBStatement(false)); err != nil {
+			_ = c.Close()
+			return nil, "", err
+		}
 	}
-	return redis.NewClient(opt), opt.Addr, nil
+	return c, addr, nil
 }

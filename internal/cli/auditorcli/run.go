@@ -86,6 +86,11 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
+	stopTracing, err := cli.Tracing(ctx, prog)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer stopTracing()
 	if o.Schedule != "" {
 		return o.runScheduled(ctx, stderr)
 	}

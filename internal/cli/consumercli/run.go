@@ -136,6 +136,11 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
+	stopTracing, err := cli.Tracing(ctx, prog)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer stopTracing()
 	reg := cli.NewRegistry(prog)
 	metrics := consumer.NewMetrics(reg)
 	sc, err := o.Stripe.Client(logger, nil)

@@ -189,6 +189,11 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
+	stopTracing, err := cli.Tracing(ctx, prog)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer stopTracing()
 	reg := cli.NewRegistry(prog)
 	var sc consumer.Stripe
 	if !o.DryRun {
