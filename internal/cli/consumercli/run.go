@@ -8,7 +8,6 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
 )
 
@@ -33,20 +32,16 @@ fixed) and Slack is told once per permission.`
 
 // RunOptions are the flags of `consumer run`.
 type RunOptions struct {
-	RedisURL, DatabaseURL   string
-	Schema                  string
-	ChargeDescription       string
-	ChargeMetadata          bool
+	RedisURL, DatabaseURL string
+	Schema                string
+	cli.Charging
 	Streams                 cli.Streams
 	Group                   string
-	Name, Namespace         string
+	Name                    string
 	Count                   int64
 	Block                   time.Duration
 	Workers                 int
-	Lease, SafeKeyWindow    time.Duration
-	RequireCap              bool
-	MaxAmountCents          int64
-	StrictFields            bool
+	Lease                   time.Duration
 	ShutdownTimeout         time.Duration
 	MetricsAddr             string
 	DeadLetterAlertInterval time.Duration
@@ -63,19 +58,13 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	cli.RegisterRedis(fs, &o.RedisURL)
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
-	fs.StringVar(&o.ChargeDescription, "charge-description", cli.Env("PELGUARD_CHARGE_DESCRIPTION", "Usage billing for {period}"), "the charge description; {period} is the billing period. Keep your old consumer's, so look-ups recognise its charges and its keys see the same request [PELGUARD_CHARGE_DESCRIPTION]")
-	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
+	o.Charging.Register(fs, "give each environment its own")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "consume (one consumer per stream, each with --workers)")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
-	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; give each environment its own [PELGUARD_NAMESPACE]")
 	fs.Int64Var(&o.Count, "count", consumer.DefaultCount, "XREADGROUP COUNT (acks are always per event)")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
 	fs.IntVar(&o.Workers, "workers", consumer.DefaultWorkers, "events handled at once")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease; the heartbeat renews it every lease/3")
-	fs.DurationVar(&o.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
-	fs.BoolVar(&o.RequireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
-	fs.Int64Var(&o.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
-	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the known ones (the five, and the optional occurred_at)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long events in flight may take to finish")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
 	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
@@ -206,9 +195,9 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 func (o *RunOptions) config() consumer.Config {
 	return consumer.Config{
 		Name: o.Name, Namespace: o.Namespace, Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata,
-		Description: consumer.DescriptionTemplate(o.ChargeDescription),
+		Description: o.Description(),
 		Count:       o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
-		RequireCap: o.RequireCap, Rules: event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
+		RequireCap: o.RequireCap, Rules: o.Rules(),
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
-	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/reaper"
 )
@@ -43,34 +42,30 @@ refused unless --allow-unrestricted-key.`
 type RunOptions struct {
 	RedisURL, DatabaseURL string
 	Schema                string
-	ChargeDescription     string
-	ChargeMetadata        bool
-	StoppedConsumers      string
-	ExternalLedger        string
-	ExternalMaxCall       time.Duration
-	ExternalInsert        string
-	Streams               cli.Streams
-	Group                 string
-	Name, Namespace       string
-	MinIdle               time.Duration
-	Interval              time.Duration
-	PageSize              int64
-	PageWorkers           int
-	MaxDeliveries         int64
-	Workers               int
-	ConsumerIdle          time.Duration // 0: never remove idle consumers
-	Lease, SafeKeyWindow  time.Duration
-	RequireCap            bool
-	MaxAmountCents        int64
-	StrictFields          bool
-	DryRun, Once, JSON    bool
-	ShutdownTimeout       time.Duration
-	MetricsAddr           string
-	WaitForDeps           time.Duration
-	MaxDBConns            int
-	Log                   cli.Logging
-	Stripe                cli.Stripe
-	Slack                 cli.Slack
+	cli.Charging
+	StoppedConsumers   string
+	ExternalLedger     string
+	ExternalMaxCall    time.Duration
+	ExternalInsert     string
+	Streams            cli.Streams
+	Group              string
+	Name               string
+	MinIdle            time.Duration
+	Interval           time.Duration
+	PageSize           int64
+	PageWorkers        int
+	MaxDeliveries      int64
+	Workers            int
+	ConsumerIdle       time.Duration // 0: never remove idle consumers
+	Lease              time.Duration
+	DryRun, Once, JSON bool
+	ShutdownTimeout    time.Duration
+	MetricsAddr        string
+	WaitForDeps        time.Duration
+	MaxDBConns         int
+	Log                cli.Logging
+	Stripe             cli.Stripe
+	Slack              cli.Slack
 
 	streams []reaper.StreamGroup // resolved by Validate
 }
@@ -79,15 +74,13 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	cli.RegisterRedis(fs, &o.RedisURL)
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
-	fs.StringVar(&o.ChargeDescription, "charge-description", cli.Env("PELGUARD_CHARGE_DESCRIPTION", "Usage billing for {period}"), "the charge description; {period} is the billing period. Keep your old consumer's, so look-ups recognise its charges and its keys see the same request [PELGUARD_CHARGE_DESCRIPTION]")
-	fs.BoolVar(&o.ChargeMetadata, "charge-metadata", cli.EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each re-drive's charge; false sends the article's request shape (must match the consumers') [PELGUARD_CHARGE_METADATA]")
+	o.Charging.Register(fs, "must match the consumers'")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
 	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the article's INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
-	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; must match the consumers' [PELGUARD_NAMESPACE]")
 	fs.DurationVar(&o.MinIdle, "min-idle", cli.EnvDuration("PELGUARD_MIN_IDLE", reaper.DefaultMinIdle), "consider entries idle at least this long; also the XCLAIM fence.\nKeep it well above the consumers' heartbeat (lease/3) [PELGUARD_MIN_IDLE]")
 	fs.DurationVar(&o.Interval, "interval", reaper.DefaultInterval, "time between passes (without --once)")
 	fs.Int64Var(&o.PageSize, "page-size", reaper.DefaultPageSize, "XPENDING COUNT per page; one ledger query per page")
@@ -96,10 +89,6 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Workers, "workers", reaper.DefaultWorkers, "re-drives (Stripe calls) at once")
 	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending (0: never)")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease of a re-drive; renewed every lease/3")
-	fs.DurationVar(&o.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
-	fs.BoolVar(&o.RequireCap, "require-cap", cli.EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
-	fs.Int64Var(&o.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")
-	fs.BoolVar(&o.StrictFields, "strict-fields", false, "reject events with fields other than the known ones (the five, and the optional occurred_at)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print every decision and change nothing (no Stripe key needed)")
 	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
 	fs.BoolVar(&o.Once, "once", false, "run one pass, wait for its re-drives, and exit")
@@ -285,8 +274,8 @@ func (o *RunOptions) config() reaper.Config {
 		Streams: o.streams, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
-		Rules:  event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields},
-		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: consumer.DescriptionTemplate(o.ChargeDescription), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
+		Rules:  o.Rules(),
+		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: o.Description(), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
 	}
 }
