@@ -16,7 +16,6 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -207,8 +206,8 @@ func (c Config) Validate() error {
 		if !c.Legacy {
 			errs = append(errs, errors.New("ExternalLedger (--external-ledger) needs Legacy (--legacy): the team's charges carry no pelguard marker"))
 		}
-		if parts := strings.Split(c.ExternalLedger, "."); len(parts) != 2 || parts[0] == "" || parts[1] == "" {
-			errs = append(errs, fmt.Errorf("ExternalLedger %q: want schema.table, e.g. public.billing_records", c.ExternalLedger))
+		if _, err := pg.TeamTable("ExternalLedger (--external-ledger)", c.ExternalLedger); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.LegacyPattern != "" {

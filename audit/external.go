@@ -3,11 +3,9 @@ package audit
 import (
 	"context"
 	"fmt"
-	"strings"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 // The auditor over a team that keeps its own consumer (reaper
@@ -33,11 +31,8 @@ func teamRecord(customer, period string, charge *string, amount *int64) ledger.R
 }
 
 func (a *Auditor) teamIdent() (string, error) {
-	parts := strings.Split(a.cfg.ExternalLedger, ".")
-	if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
-		return "", fmt.Errorf("--external-ledger %q: want schema.table", a.cfg.ExternalLedger)
-	}
-	return pgx.Identifier(parts).Sanitize(), nil
+	id, err := pg.TeamTable("--external-ledger", a.cfg.ExternalLedger)
+	return id.Sanitize(), err
 }
 
 func (a *Auditor) teamRows(ctx context.Context, where string, args ...any) ([]ledger.Record, error) {

@@ -3,12 +3,12 @@ package reaper
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 // Every statement pelguard runs against a team's own table (the
@@ -31,11 +31,11 @@ type teamTable struct {
 // unqualified name would resolve through search_path, possibly to
 // pelguard's own billing_records.
 func parseTeamTable(s string) (teamTable, error) {
-	parts := strings.Split(s, ".")
-	if len(parts) != 2 || strings.TrimSpace(parts[0]) == "" || strings.TrimSpace(parts[1]) == "" {
-		return teamTable{}, fmt.Errorf("--external-ledger %q: want a schema-qualified table name, such as public.billing_records", s)
+	id, err := pg.TeamTable("--external-ledger", s)
+	if err != nil {
+		return teamTable{}, err
 	}
-	return teamTable{name: s, ident: pgx.Identifier(parts).Sanitize()}, nil
+	return teamTable{name: s, ident: id.Sanitize()}, nil
 }
 
 type querier interface {

@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
@@ -160,11 +159,7 @@ func (c *Config) validate() error {
 
 // tableIdent parses schema.table (or table) into a quoted identifier.
 func tableIdent(name string) (pgx.Identifier, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 || slices.Contains(parts, "") {
-		return nil, fmt.Errorf("import: --from-table %q: want table or schema.table", name)
-	}
-	return pgx.Identifier(parts), nil
+	return pg.TeamTable("import: --from-table", name)
 }
 
 // keyed is everything known about one (customer, period).

@@ -161,3 +161,16 @@ func SearchPath(params map[string]string) (string, bool) {
 func cleanPath(s string) string {
 	return strings.Trim(strings.ReplaceAll(strings.TrimSpace(s), " ", ""), `"`)
 }
+
+// TeamTable parses the schema-qualified name of a team's own table
+// (--from-table, --external-ledger): both parts are required, since an
+// unqualified name would resolve through search_path, possibly to a
+// table of pelguard's own of the same name. flag names the option in the
+// error.
+func TeamTable(flag, name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) != 2 || strings.TrimSpace(parts[0]) == "" || strings.TrimSpace(parts[1]) == "" {
+		return nil, fmt.Errorf("%s %q: want a schema-qualified table name, such as public.billing_records", flag, name)
+	}
+	return pgx.Identifier(parts), nil
+}
