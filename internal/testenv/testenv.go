@@ -260,3 +260,22 @@ func InParallel(t testing.TB, total, workers int, fn func() error) {
 	}
 	wg.Wait()
 }
+
+// SyncBuffer collects what several goroutines (a process's stdout and
+// stderr, a logger) write, safely.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

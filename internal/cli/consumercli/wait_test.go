@@ -1,7 +1,6 @@
 package consumercli
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -27,23 +26,8 @@ const testKey = "sk_test_DoNotPrintMe0123456789"
 // connections and ignores it): the wait's log lines must never show it.
 const dbPassword = "waitForMePw0451"
 
-// syncBuffer collects what Main writes from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects what several goroutines write.
+type syncBuffer = testenv.SyncBuffer
 
 var opsAddr = regexp.MustCompile(`serving /metrics, /healthz, /readyz"? addr=([0-9.:]+)`)
 
