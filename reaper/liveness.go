@@ -16,14 +16,23 @@ import (
 // a team's consumer in the middle of a slow Stripe call; its entries are
 // left alone until an operator says it is stopped.
 
-// loadLiveness reads, for this pass, the group's registered consumers and
-// the periods with imported history.
+// loadImported reads, once a pass, the periods with imported history. On
+// a failure none counts as imported: unregistered owners' entries are then
+// left alone, the safe side.
+func (r *Reaper) loadImported(ctx context.Context) error {
+	imported, err := r.ledger.ImportedPeriods(ctx)
+	if err != nil {
+		imported = map[string]bool{}
+	}
+	r.mu.Lock()
+	r.imported = imported
+	r.mu.Unlock()
+	return err
+}
+
+// loadLiveness reads, for this pass, the group's registered consumers.
 func (r *Reaper) loadLiveness(ctx context.Context, st *streamState) error {
 	reg, err := consumer.Registered(ctx, r.cfg.Redis, st.Stream, st.Group)
-	if err != nil {
-		return err
-	}
-	imported, err := r.ledger.ImportedPeriods(ctx)
 	if err != nil {
 		return err
 	}
@@ -34,9 +43,6 @@ func (r *Reaper) loadLiveness(ctx context.Context, st *streamState) error {
 	st.unregMu.Lock()
 	st.unregistered = map[string]int{}
 	st.unregMu.Unlock()
-	r.mu.Lock()
-	r.imported = imported
-	r.mu.Unlock()
 	return nil
 }
 

@@ -49,6 +49,9 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		Decisions: map[Kind]int{}, Outcomes: map[consumer.Outcome]int{}}}
 	start := time.Now()
 	var errs []error
+	if err := r.loadImported(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("reading the periods with imported history: %w", err))
+	}
 	for _, st := range r.streams {
 		if err := r.reapStream(ctx, workCtx, st, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping %s: %w", st, err))
