@@ -29,8 +29,13 @@ var motionStart = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 func setupMotion(t *testing.T, faults stripesim.Faults, tune func(*consumer.Config)) *motion {
 	t.Helper()
+	return setupMotionWebhook(t, stripesim.Webhook{}, faults, tune)
+}
+
+func setupMotionWebhook(t *testing.T, wh stripesim.Webhook, faults stripesim.Faults, tune func(*consumer.Config)) *motion {
+	t.Helper()
 	clk := clock.NewSim(motionStart)
-	b := setup(t, opts{clk: clk, simNow: motionStart})
+	b := setup(t, opts{clk: clk, simNow: motionStart, webhook: wh})
 	if err := b.sim.SetFaults(faults); err != nil {
 		t.Fatal(err)
 	}

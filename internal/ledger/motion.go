@@ -230,3 +230,23 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// WebhookEventSeen reports whether a Stripe event id was already applied.
+func (l *Ledger) WebhookEventSeen(ctx context.Context, id string) (bool, error) {
+	var seen bool
+	if err := l.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.webhook_events WHERE event_id = $1)`, id).Scan(&seen); err != nil {
+		return false, fmt.Errorf("looking up webhook event %s: %w", id, err)
+	}
+	return seen, nil
+}
+
+// RecordWebhookEvent remembers a Stripe event once it was applied (its
+// ledger write committed first), so a replay of it is answered at once.
+func (l *Ledger) RecordWebhookEvent(ctx context.Context, id, typ, objectID, result string) error {
+	_, err := l.pool.Exec(ctx, `INSERT INTO {schema}.webhook_events (event_id, type, object_id, received_at, result)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING`, id, typ, objectID, l.clock.Now(), result)
+	if err != nil {
+		return fmt.Errorf("recording webhook event %s: %w", id, err)
+	}
+	return nil
+}
