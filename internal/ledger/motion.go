@@ -250,3 +250,29 @@ func (l *Ledger) RecordWebhookEvent(ctx context.Context, id, typ, objectID, resu
 	}
 	return nil
 }
+
+// RequestRetry schedules, now, the next attempt of period's rows (one
+// customer's when customerID is set) whose last attempt failed finally:
+// declined, failed or action_required. Their attempt was advanced when the
+// failure was recorded, so the retry uses a new key; a consumer's FollowUp
+// charges them. It is the runbook's "the customer fixed it, bill again".
+// It returns the keys scheduled.
+func (l *Ledger) RequestRetry(ctx context.Context, period, customerID string) ([]Record, error) {
+	now := l.clock.Now()
+	rows, err := l.pool.Query(ctx, `UPDATE {schema}.billing_records SET next_attempt_at = least(coalesce(next_attempt_at, $3), $3), updated_at = $3
+		WHERE billing_period = $1 AND ($2 = '' OR customer_id = $2) AND status IN ('declined', 'failed', 'action_required')
+		RETURNING `+recordCols, period, customerID, now)
+	if err != nil {
+		return nil, fmt.Errorf("scheduling retries for %s: %w", period, err)
+	}
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scheduling retries for %s: %w", period, err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
