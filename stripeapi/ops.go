@@ -47,7 +47,7 @@ type Charge struct {
 	// returned bank debit: insufficient_funds, account_closed, …).
 	FailureCode    string
 	FailureMessage string
-	Created  time.Time
+	Created        time.Time
 	// Metadata is the charge's metadata or, for a charge of a PaymentIntent
 	// whose own metadata is empty, the intent's metadata (from expand).
 	Metadata map[string]string
