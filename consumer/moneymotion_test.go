@@ -421,3 +421,45 @@ func TestAttemptKeyAndRacingRetries(t *testing.T) {
 		t.Fatalf("the takeover must keep attempt 2's key, got %s", ch.IdempotencyKey)
 	}
 }
+
+// The measurement: 30 customers, 30 % soft-declined on the first
+// attempt (9 of them). Before, 9 stayed unbilled; now every one is billed
+// once after one ledger retry, with no alert.
+func TestSoftDeclineRateAllBilled(t *testing.T) {
+	t.Parallel()
+	codes := map[string]string{}
+	var evs []event.Event
+	for i := range 30 {
+		e := ev(100 + i)
+		evs = append(evs, e)
+		if i%10 < 3 {
+			codes[e.StripeCustomerID] = stripesim.SoftDeclineCodes[i%len(stripesim.SoftDeclineCodes)]
+		}
+	}
+	m := setupMotion(t, stripesim.Faults{DeclineCodes: codes}, nil)
+	m.add(t, evs...)
+	declined := 0
+	for range evs {
+		if m.deliver(t) == consumer.OutcomeDeclined {
+			declined++
+		}
+	}
+	if declined != 9 {
+		t.Fatalf("%d declined on the first attempt, want 9", declined)
+	}
+	if err := m.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	m.advance(time.Hour)
+	if res := m.followUp(t); res.Retried != 9 || res.Outcomes[consumer.OutcomeCharged] != 9 {
+		t.Fatalf("retries: %+v", res)
+	}
+	for _, e := range evs {
+		if m.charges(e) != 1 || m.status(e) != ledger.StatusCharged {
+			t.Fatalf("%s: %d charges, %s", e.CustomerID, m.charges(e), m.status(e))
+		}
+	}
+	if len(m.alerts.Alerts()) != 0 {
+		t.Fatalf("soft declines that a retry fixed alert nobody: %v", m.kinds())
+	}
+}
