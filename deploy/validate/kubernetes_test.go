@@ -312,7 +312,8 @@ func TestKustomizeBuildIsRestricted(t *testing.T) {
 }
 
 // checkRestricted is TestKustomizeBuildIsRestricted's check of one build,
-// which must run want workloads.
+// which must run at least want workloads (the base: the migrate Job and
+// three Deployments; the webhook adds one).
 func checkRestricted(t *testing.T, objs []runtime.Object, want int) {
 	t.Helper()
 	tag := releaseTag(t)
@@ -367,8 +368,8 @@ func checkRestricted(t *testing.T, objs []runtime.Object, want int) {
 			checkEnv(t, where, c, configMaps, secretKeys)
 		}
 	}
-	if workloads != want {
-		t.Errorf("%d workloads in the build, want %d", workloads, want)
+	if workloads < want {
+		t.Errorf("%d workloads in the build, want at least %d", workloads, want)
 	}
 	// The evaluator is wired: the same pods with privilege escalation
 	// allowed are rejected.
