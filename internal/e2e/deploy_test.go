@@ -54,20 +54,27 @@ func dashboardMetrics(t *testing.T) []string {
 	return out
 }
 
-// ruleMetrics are the metrics deploy/prometheus/pelguard-rules.yaml names.
+// ruleMetrics are the metrics the rule files of deploy/prometheus
+// (pelguard-rules.yaml, pelguard-webhook-rules.yaml) name.
 func ruleMetrics(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(deployDir, "prometheus", "pelguard-rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	files, _ := filepath.Glob(filepath.Join(deployDir, "prometheus", "*-rules.yaml"))
+	if len(files) < 2 {
+		t.Fatalf("rule files: %v", files)
 	}
 	var out []string
 	expr := regexp.MustCompile(`(?m)^\s*expr:((?: \|\n(?:\s{10,}.*\n)+)|.*)`)
 	name := regexp.MustCompile(`\bpelguard_[a-z0-9_]+`)
-	for _, e := range expr.FindAllStringSubmatch(string(b), -1) {
-		for _, m := range name.FindAllString(e[1], -1) {
-			if !slices.Contains(out, m) {
-				out = append(out, m)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range expr.FindAllStringSubmatch(string(b), -1) {
+			for _, m := range name.FindAllString(e[1], -1) {
+				if !slices.Contains(out, m) {
+					out = append(out, m)
+				}
 			}
 		}
 	}
@@ -159,7 +166,18 @@ func TestDashboardMetricsExist(t *testing.T) {
 			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter",stream="`+stream+`"} 1`)
 	}, "consumer did its work again")
 
+	webhook := webhookBuilt(t)
 	for _, m := range append(dashboardMetrics(t), ruleMetrics(t)...) {
+		if strings.HasPrefix(m, "pelguard_webhook_") {
+			// The webhook endpoint's own series (its rules are in a file of
+			// their own, pelguard-webhook-rules.yaml).
+			if webhook {
+				t.Errorf("metric %s: pelguard-consumer has its webhook command now: run it in this test and check its /metrics", m)
+			} else {
+				t.Logf("metric %s: pelguard-consumer has no webhook command yet (issue 21): checked once it has", m)
+			}
+			continue
+		}
 		owners := []string{"consumer", "reaper", "auditor"}
 		for _, b := range owners {
 			if strings.HasPrefix(m, "pelguard_"+b+"_") {
