@@ -166,15 +166,20 @@ func TestDashboardMetricsExist(t *testing.T) {
 			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter",stream="`+stream+`"} 1`)
 	}, "consumer did its work again")
 
-	webhook := webhookBuilt(t)
+	// The optional Stripe webhook receiver (pelguard-consumer webhook),
+	// scraped on its own ops listener: it needs Postgres and the signing
+	// secret, no Stripe key and no Redis.
+	hook := startBin(t, "consumer", append(baseEnv("DATABASE_URL="+dbURL), "PELGUARD_STRIPE_WEBHOOK_SECRET="+webhookSecret),
+		"webhook", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0")
+	haddr := hook.addr()
+	testenv.Eventually(t, 30*time.Second, func() bool { code, _ := get(t, "http://"+haddr+"/readyz"); return code == 200 },
+		"the webhook receiver is ready")
+	_, scrape["webhook"] = get(t, "http://"+haddr+"/metrics")
+
 	for _, m := range append(dashboardMetrics(t), ruleMetrics(t)...) {
 		if strings.HasPrefix(m, "pelguard_webhook_") {
-			// The webhook endpoint's own series (its rules are in a file of
-			// their own, pelguard-webhook-rules.yaml).
-			if webhook {
-				t.Errorf("metric %s: pelguard-consumer has its webhook command now: run it in this test and check its /metrics", m)
-			} else {
-				t.Logf("metric %s: pelguard-consumer has no webhook command yet (issue 21): checked once it has", m)
+			if !hasSeries(scrape["webhook"], m) {
+				t.Errorf("metric %s (dashboard or alert rules) is not on the webhook receiver's /metrics:\n%s", m, grepLines(scrape["webhook"], "pelguard_webhook"))
 			}
 			continue
 		}
@@ -194,7 +199,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// pelguard_build_info (the reaper re-drives through the consumer's code
 	// and exports its series as well).
 	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"},
-		"auditor": {"auditor", "alerts", "build"}}
+		"auditor": {"auditor", "alerts", "build"}, "webhook": {"webhook", "alerts", "build"}}
 	// Every binary says which build it is, in its role.
 	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)
 	for bin, body := range scrape {
