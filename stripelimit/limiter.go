@@ -63,7 +63,7 @@ type Limiter struct {
 	retryAt    time.Time // when down: next try of Redis
 	probing    bool      // one waiter is trying Redis again
 	local      *rate.Limiter
-	localPause time.Time            // a 429 seen while local
+	localPause time.Time             // a 429 seen while local
 	notBefore  map[*bucket]time.Time // a refused bucket is not asked again before this
 	endpoints  map[string]*bucket
 }
