@@ -52,7 +52,7 @@ type auditOptions struct {
 	// floor); without it they keep to --stripe-fallback-rate alone.
 	RedisURL string
 	Stripe   cli.Stripe
-	Slack  cli.Slack
+	Slack    cli.Slack
 	// Config holds the flags that map onto audit.Config directly; build
 	// adds the pool, the logger, the Stripe settings and the notifier.
 	Config audit.Config
