@@ -2,8 +2,6 @@ package stripelimit_test
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -104,94 +102,6 @@ func hammer(ctx context.Context, c *stripeapi.Client, workers int) *atomic.Int64
 		}()
 	}
 	return &n
-}
-
-// proxy forwards TCP to Redis until Down, and again after Up: a Redis that
-// becomes unreachable and comes back at the same address.
-type proxy struct {
-	t      *testing.T
-	addr   string
-	target string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-}
-
-func newProxy(t *testing.T) *proxy {
-	t.Helper()
-	opt, err := redis.ParseURL(testenv.RedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{t: t, target: opt.Addr, conns: make(map[net.Conn]struct{})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.Down)
-	return p
-}
-
-// client is a Redis client through the proxy, failing fast while it is
-// down.
-func (p *proxy) client() *redis.Client {
-	opt, _ := redis.ParseURL(testenv.RedisURL())
-	opt.Addr = p.addr
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
-	opt.MaxRetries = -1
-	c := redis.NewClient(opt)
-	p.t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func (p *proxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", p.target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
-		}
-	}()
-}
-
-// Down closes the listener and every connection: Redis unreachable.
-func (p *proxy) Down() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		_ = p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// Up listens again on the same address.
-func (p *proxy) Up() {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("proxy: listening again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
 }
 
 // countingHandler counts log lines containing a substring.

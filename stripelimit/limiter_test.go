@@ -113,13 +113,13 @@ func TestRedisDownFallsBackToTheShareAndBack(t *testing.T) {
 	t.Parallel()
 	const rate, fallback = 40.0, 8.0
 	b := setup(t, stripesim.Faults{})
-	p := newProxy(t)
+	p := testenv.NewProxy(t, testenv.RedisAddr(t))
 	logs := &lineCounter{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	cfg := stripelimit.Config{Rate: rate, FallbackRate: fallback, RetryRedis: 100 * time.Millisecond, Logger: logger}
-	cfg.Redis = p.client()
+	cfg.Redis = testenv.RedisThrough(t, p)
 	la := b.limiter(t, cfg)
-	cfg.Redis = p.client()
+	cfg.Redis = testenv.RedisThrough(t, p)
 	lc := b.limiter(t, cfg)
 	a, c := b.client(t, la), b.client(t, lc)
 	both := func(d time.Duration) {
