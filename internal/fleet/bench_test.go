@@ -1,8 +1,6 @@
 package fleet_test
 
 import (
-	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ type fleetResult struct {
 	maxPerSec  int
 	pgConns    int64
 	auditPages int64
+	auditErr   error
 }
 
 func (r fleetResult) report(b *testing.B) {
@@ -60,15 +59,13 @@ func runFleet(b *testing.B, n, dead, consumers int, withAudit bool, l limits) fl
 	w.startReaper(b, w.newProc(b, stripelimit.RoleRedrive, 2, l))
 	var wg sync.WaitGroup
 	var rep audit.Report
+	var auditErr error
 	if auditor != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-time.After(5 * time.Second)
-			var err error
-			if rep, err = w.auditOnce(b, auditor); err != nil && !errors.Is(err, context.Canceled) {
-				b.Errorf("audit run: %v", err)
-			}
+			rep, auditErr = w.auditOnce(b, auditor)
 		}()
 	}
 	bound := time.Duration(float64(n)/benchRate*float64(time.Second))*4 + 2*time.Minute
@@ -81,7 +78,7 @@ func runFleet(b *testing.B, n, dead, consumers int, withAudit bool, l limits) fl
 	st := w.meter.Stats(time.Second)
 	w.checkExactlyOnce(b, n)
 	return fleetResult{events: n, elapsed: elapsed, requests: st.Requests, limited: st.RateLimited,
-		maxPerSec: st.MaxPerWindow, pgConns: pg.most.Load(), auditPages: rep.Pages}
+		maxPerSec: st.MaxPerWindow, pgConns: pg.most.Load(), auditPages: rep.Pages, auditErr: auditErr}
 }
 
 // BenchmarkFleet: 3 consumers + the reaper re-driving 5 % of the events +
@@ -101,6 +98,19 @@ func BenchmarkFleet(b *testing.B) {
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			r := runFleet(b, n, n/20, 3, true, v.l)
+			auditFailed := 0.0
+			if r.auditErr != nil {
+				// Today's per-process limits: the auditor's listing meets the
+				// consumers' 429s and the run fails. That is the control's
+				// finding, not the benchmark's failure; the shared limit must
+				// not fail it.
+				auditFailed = 1
+				b.Logf("%s: the audit run failed: %v", v.name, r.auditErr)
+				if !v.l.local {
+					b.Errorf("audit run under the shared limit: %v", r.auditErr)
+				}
+			}
+			b.ReportMetric(auditFailed, "audit_failed")
 			b.Logf("%s: %d events in %s: %.1f events/s (%.2f × the %v/s limit), %d requests (%.1f%% answered 429), at most %d in one second, %d Postgres connections, audit pages %d",
 				v.name, n, r.elapsed.Round(time.Millisecond), float64(n)/r.elapsed.Seconds(), float64(n)/r.elapsed.Seconds()/benchRate, benchRate,
 				r.requests, 100*float64(r.limited)/float64(max(1, r.requests)), r.maxPerSec, r.pgConns, r.auditPages)
