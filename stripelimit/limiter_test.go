@@ -45,7 +45,9 @@ func TestTwoProcessesShareTheAccountRate(t *testing.T) {
 	if st.MaxPerWindow > int(rate)+bursts(rate) {
 		t.Errorf("%d requests reached Stripe in one second; the account allows %v (+%d burst)", st.MaxPerWindow, rate, bursts(rate))
 	}
-	if got := float64(st.Requests) / both.Seconds(); got < 0.9*rate {
+	// The lower bounds leave room for a loaded machine (shared CI cores);
+	// the upper bounds, the point of the limiter, have none to spare.
+	if got := float64(st.Requests) / both.Seconds(); got < 0.8*rate {
 		t.Errorf("two processes sent %.1f requests/s together; the shared limit is %v: they should use it all", got, rate)
 	}
 
@@ -54,7 +56,7 @@ func TestTwoProcessesShareTheAccountRate(t *testing.T) {
 	run(alone, func(ctx context.Context) { hammer(ctx, a, 8) })
 	st = b.meter.Stats(time.Second)
 	t.Logf("one process alone: %d requests in %s, at most %d in any second", st.Requests, st.Span, st.MaxPerWindow)
-	if got := float64(st.Requests) / alone.Seconds(); got < 0.9*rate {
+	if got := float64(st.Requests) / alone.Seconds(); got < 0.8*rate {
 		t.Errorf("one process alone sent %.1f requests/s; with the other idle it should get the whole %v", got, rate)
 	}
 	if st.MaxPerWindow > int(rate)+bursts(rate) {
@@ -82,8 +84,11 @@ func TestBillingFirstFloorsKeepTheOthersGoing(t *testing.T) {
 	sec := d.Seconds()
 	redriveFloor, auditFloor := rate*stripelimit.DefaultRedriveFloor, rate*stripelimit.DefaultAuditFloor
 	t.Logf("all three busy for %s: billing %d, re-drives %d (floor %.0f/s), audit %d (floor %.0f/s)", d, nb(), nr(), redriveFloor, na(), auditFloor)
-	if got := float64(nb()) / sec; got < 0.85*(rate-redriveFloor-auditFloor) {
+	if got := float64(nb()) / sec; got < 0.7*(rate-redriveFloor-auditFloor) {
 		t.Errorf("billing got %.1f/s of %v while the others were busy: billing comes first", got, rate)
+	}
+	if share := float64(nb()) / float64(nb()+nr()+na()); share < 0.75 {
+		t.Errorf("billing got %.0f%% of the requests while the others were busy; the floors leave it %.0f%%", 100*share, 100*(1-stripelimit.DefaultRedriveFloor-stripelimit.DefaultAuditFloor))
 	}
 	if got := float64(nr()) / sec; got < 0.6*redriveFloor || got > 2*redriveFloor+1 {
 		t.Errorf("re-drives got %.1f/s under full billing; want about their floor %.0f/s", got, redriveFloor)
@@ -99,7 +104,7 @@ func TestBillingFirstFloorsKeepTheOthersGoing(t *testing.T) {
 		func(ctx context.Context) { n := hammer(ctx, redrive, 8); nr = n.Load },
 		func(ctx context.Context) { n := hammer(ctx, audit, 8); na = n.Load })
 	t.Logf("billing quiet for %s: re-drives %d, audit %d", d, nr(), na())
-	if got := float64(nr()) / sec; got < 0.8*(rate-auditFloor) {
+	if got := float64(nr()) / sec; got < 0.7*(rate-auditFloor) {
 		t.Errorf("with billing quiet re-drives got %.1f/s; billing's idle share should be theirs (~%.0f/s)", got, rate-auditFloor)
 	}
 	if got := float64(na()) / sec; got < 0.5*auditFloor {
@@ -139,7 +144,7 @@ func TestRedisDownFallsBackToTheShareAndBack(t *testing.T) {
 	if la.Shared() || lc.Shared() {
 		t.Error("with Redis down the limiters should use their own share")
 	}
-	if got := float64(st.Requests) / outage.Seconds(); got < 0.7*2*fallback || got > 2*fallback+4 {
+	if got := float64(st.Requests) / outage.Seconds(); got < 0.6*2*fallback || got > 2*fallback+4 {
 		t.Errorf("during the outage the two processes sent %.1f requests/s; want their fallback shares, 2 × %v", got, fallback)
 	}
 	if n := logs.count("Redis unreachable"); n != 2 {
@@ -156,7 +161,7 @@ func TestRedisDownFallsBackToTheShareAndBack(t *testing.T) {
 	both(after)
 	st = b.meter.Stats(time.Second)
 	t.Logf("Redis back: %d requests in %s, at most %d in one second", st.Requests, after, st.MaxPerWindow)
-	if got := float64(st.Requests) / after.Seconds(); got < 0.85*rate {
+	if got := float64(st.Requests) / after.Seconds(); got < 0.75*rate {
 		t.Errorf("after Redis came back the fleet sent %.1f requests/s; shared again it should use the %v", got, rate)
 	}
 	if n := logs.count("Redis answers again"); n != 2 {
