@@ -3,6 +3,7 @@ module github.com/pelguard/pelguard
 go 1.26.0
 
 require (
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.30.0
 	github.com/prometheus/client_golang v1.25.0
