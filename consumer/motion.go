@@ -244,16 +244,16 @@ func (p *Processor) poll(ctx context.Context, rec ledger.Record) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	_, settled, err := SettleCharge(ctx, p.cfg.ledger, p.cfg.Notifier, p.cfg.retryPolicy(), rec, ch.Status, ch.FailureCode, ch.FailureMessage)
+	_, settled, err := settleCharge(ctx, p.cfg.ledger, p.cfg.Notifier, p.cfg.retryPolicy(), rec, ch.Status, ch.FailureCode, ch.FailureMessage)
 	return settled, err
 }
 
-// SettleCharge applies Stripe's status of a processing row's charge
+// settleCharge applies Stripe's status of a processing row's charge
 // (polled, or from a webhook): succeeded → charged; failed → declined, with
 // a retry under the next attempt's key when the failure code allows a
 // re-presentment and the policy has one left (else one alert); pending →
 // nothing. A row that is no longer waiting for that charge is left alone.
-func SettleCharge(ctx context.Context, l *ledger.Ledger, n alerts.Notifier, policy RetryPolicy, rec ledger.Record,
+func settleCharge(ctx context.Context, l *ledger.Ledger, n alerts.Notifier, policy RetryPolicy, rec ledger.Record,
 	status, failureCode, failureMessage string) (ledger.Record, bool, error) {
 	s := ledger.Settlement{ChargeID: rec.ChargeID, FailureCode: failureCode, Error: failureMessage}
 	switch status {

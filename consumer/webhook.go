@@ -101,7 +101,7 @@ var ErrNoWebhookSecret = errors.New("consumer: the webhook signing secret (PELGU
 // WebhookHandler serves Stripe's webhook POSTs: it verifies
 // Stripe-Signature with stripe-go's webhook package, then settles the
 // processing row the event's charge or intent belongs to (the same
-// SettleCharge the consumer's polls use), and answers 2xx only after that
+// settleCharge the consumer's polls use), and answers 2xx only after that
 // ledger write committed. An event id seen before is answered at once; the
 // settle itself is fenced, so a replay of an event whose id was not yet
 // recorded (a crash between the two writes) changes nothing either. The
@@ -235,7 +235,7 @@ func (h *webhookHandler) apply(r *http.Request, id, typ string, obj hookObject) 
 		case err != nil:
 			return "", err
 		case rec.Status == ledger.StatusProcessing && rec.ChargeID == chargeID:
-			_, settled, err := SettleCharge(ctx, h.ledger, h.cfg.Notifier, h.cfg.Retry, rec, status, code, msg)
+			_, settled, err := settleCharge(ctx, h.ledger, h.cfg.Notifier, h.cfg.Retry, rec, status, code, msg)
 			if err != nil {
 				return "", err
 			}
