@@ -1,0 +1,35 @@
+-- The auditor's working set (issue 18): a run streams the charges it lists
+-- into audit_stage, one page of 100 at a time with COPY, and reads them back
+-- grouped by ledger key, so its memory does not grow with the window (a
+-- month-end window holds a million charges). Rows belong to one run
+-- (run_id); the run deletes its own at the end, and a run holding the run
+-- lock deletes what a crashed run left. UNLOGGED: nothing here outlives a
+-- run's purpose, so it is not worth the WAL; after a crash Postgres empties
+-- it, which is exactly what a crashed run's rows deserve.
+-- Unqualified names: migrations run with search_path set to pelguard's
+-- schema alone.
+
+-- +goose Up
+CREATE UNLOGGED TABLE audit_stage (
+    run_id             bigint   NOT NULL,
+    -- grp: 1 a pelguard charge (marked, or recorded by a ledger row), filed
+    -- under its ledger key; 2 a marked charge without customer/period
+    -- metadata (an orphan); 3 a succeeded charge of the look further back,
+    -- which only proves a ledger row's charge exists.
+    grp                smallint NOT NULL,
+    charge_id          text     NOT NULL,
+    payment_intent_id  text,
+    customer_id        text     NOT NULL DEFAULT '',
+    billing_period     text     NOT NULL DEFAULT '',
+    stripe_customer_id text     NOT NULL DEFAULT '',
+    idempotency_key    text     NOT NULL DEFAULT '',
+    created            bigint   NOT NULL,
+    amount_cents       bigint   NOT NULL,
+    refunded_cents     bigint   NOT NULL DEFAULT 0,
+    currency           text     NOT NULL DEFAULT '',
+    disputed           boolean  NOT NULL DEFAULT false
+);
+CREATE INDEX audit_stage_run ON audit_stage (run_id);
+
+-- +goose Down
+DROP TABLE audit_stage;
