@@ -244,8 +244,10 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	c.review = rv
 	pagesBefore := a.pages.Load()
 	stop := a.startProgress(c, &a.pages, pagesBefore)
+	phase := a.phases(rep.RunID)
 	err = a.list(ctx, listFrom, w.To, c)
 	stop()
+	phase("listing")
 	rep.ChargesScanned, rep.PelguardCharges, rep.LegacyCharges = c.scanned.Load(), c.pelguardN.Load(), c.legacyN.Load()
 	if err != nil {
 		return fmt.Errorf("listing Stripe charges: %w", err)
@@ -274,6 +276,7 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 		}
 	}
 	rep.Pages = a.pages.Load() - pagesBefore
+	phase("missing charges")
 	stillMissing := make(map[string]bool, len(missing))
 	var fs []Finding
 	for _, r := range missing {
@@ -288,6 +291,7 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err != nil {
 		return err
 	}
+	phase("grouping")
 	fs = append(fs, cfs...)
 	sfs, err := a.stuckFindings(ctx, w.Period)
 	if err != nil {
@@ -306,6 +310,7 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err := a.store.insertFindings(ctx, rep.RunID, fs); err != nil {
 		return err
 	}
+	phase("storing findings")
 	if rep.Resolved, err = a.resolveFindings(ctx, rep.RunID, rv, fs, stillMissing); err != nil {
 		return err
 	}
@@ -323,6 +328,17 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 		}
 	}
 	return nil
+}
+
+// phases returns a function that logs, at debug level, how long the run's
+// phase just ended took: where a large window's time goes.
+func (a *Auditor) phases(runID int64) func(name string) {
+	last := time.Now()
+	return func(name string) {
+		now := time.Now()
+		a.log.Debug("audit phase done", slog.Int64("run_id", runID), slog.String("phase", name), slog.Duration("took", now.Sub(last)))
+		last = now
+	}
 }
 
 func cmpStrings(a, b string) int {

@@ -29,7 +29,11 @@ CREATE UNLOGGED TABLE audit_stage (
     currency           text     NOT NULL DEFAULT '',
     disputed           boolean  NOT NULL DEFAULT false
 );
-CREATE INDEX audit_stage_run ON audit_stage (run_id);
+-- The missing_charge anti-joins probe the stage by charge id and by intent
+-- id: with these, no plan (billing_records' statistics may be stale) costs
+-- more than one index probe per ledger row of the window.
+CREATE INDEX audit_stage_charge ON audit_stage (run_id, charge_id);
+CREATE INDEX audit_stage_intent ON audit_stage (run_id, payment_intent_id) WHERE payment_intent_id IS NOT NULL;
 
 -- +goose Down
 DROP TABLE audit_stage;
