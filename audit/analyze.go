@@ -131,7 +131,11 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		}
 	}
 
-	charged := ok && r.Status == ledger.StatusCharged
+	// A processing row names its debit's pending charge: once that charge
+	// succeeded at Stripe it is the row's charge, even before the ledger
+	// has caught up with the settlement (a poll or webhook away).
+	charged := ok && (r.Status == ledger.StatusCharged || r.Status == ledger.StatusProcessing &&
+		slices.ContainsFunc(es, func(e entry) bool { return e.id == r.ChargeID || e.intent != "" && e.intent == r.PaymentIntentID }))
 	canonical := ""
 	var dups []entry
 	switch {
@@ -139,7 +143,7 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		canonical = r.ChargeID
 		var ledgerCharge *entry
 		for i := range es {
-			if es[i].id == r.ChargeID || (es[i].intent != "" && es[i].intent == r.ChargeID) {
+			if es[i].id == r.ChargeID || (es[i].intent != "" && (es[i].intent == r.ChargeID || es[i].intent == r.PaymentIntentID)) {
 				ledgerCharge = &es[i]
 			}
 		}

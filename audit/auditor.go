@@ -77,6 +77,11 @@ type Report struct {
 	PelguardCharges int64 `json:"pelguard_charges"`
 	LegacyCharges   int64 `json:"legacy_charges"`
 	LedgerCharged   int64 `json:"ledger_charged_rows"`
+	// PendingRechecked counts the remembered pending charges (money in
+	// motion) this run read again at Stripe; PendingCharges those still
+	// pending after it, which later runs keep reading (see pending.go).
+	PendingRechecked int   `json:"pending_rechecked"`
+	PendingCharges   int64 `json:"pending_charges"`
 
 	// Findings is everything this run detected, new or already known, in
 	// kind order; New marks the ones this run added.
@@ -252,6 +257,14 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err != nil {
 		return fmt.Errorf("listing Stripe charges: %w", err)
 	}
+	n, err := a.recheckPending(ctx, c)
+	if err != nil {
+		return err
+	}
+	// Read again, not listed: they are not the window's scan.
+	c.scanned.Add(-int64(n))
+	rep.PendingRechecked = n
+	phase("pending charges")
 	if err := a.store.analyzeStage(ctx); err != nil {
 		return err
 	}
@@ -312,6 +325,11 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	}
 	phase("storing findings")
 	if rep.Resolved, err = a.resolveFindings(ctx, rep.RunID, rv, fs, stillMissing); err != nil {
+		return err
+	}
+	// Only now, with the findings stored: a run that fails keeps
+	// following what it would have forgotten.
+	if rep.PendingCharges, err = a.store.rememberPending(ctx, rep.RunID, a.cfg.Clock.Now()); err != nil {
 		return err
 	}
 	for _, f := range rep.Resolved {

@@ -34,7 +34,7 @@ func (a *Auditor) file(ctx context.Context, c *collector, page []stripeapi.Charg
 	var ids []string
 	for i := range page {
 		ch := &page[i]
-		if ch.Status != "succeeded" || stripeapi.IsPelguard(ch.Metadata) {
+		if (ch.Status != "succeeded" && ch.Status != "pending") || stripeapi.IsPelguard(ch.Metadata) {
 			continue
 		}
 		ids = append(ids, ch.ID)

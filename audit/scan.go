@@ -94,12 +94,23 @@ func (c *collector) add(page []stripeapi.Charge, known recorded) []stageRow {
 		ch := &page[i]
 		c.review.note(ch.ID, fact{status: ch.Status, net: ch.AmountCents - ch.AmountRefundedCents,
 			disputed: ch.Disputed, intent: ch.PaymentIntentID})
-		if ch.Status != "succeeded" {
-			continue
-		}
 		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
 			currency: ch.Currency, stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID,
 			disputed: ch.Disputed}
+		switch ch.Status {
+		case "succeeded":
+		case "pending":
+			// Money in motion: judged once final (pending.go). Only a
+			// charge that may be pelguard's, or with --legacy an old
+			// consumer's, is worth following.
+			if _, recorded := known.of(ch); recorded || stripeapi.IsPelguard(ch.Metadata) || c.legacyRE != nil {
+				rows = append(rows, stageRow{grp: stagePending, e: e})
+			}
+			continue
+		default:
+			rows = append(rows, stageRow{grp: stageFailed, e: e})
+			continue
+		}
 		md := ch.Metadata
 		if stripeapi.IsPelguard(md) {
 			c.pelguardN.Add(1)

@@ -28,6 +28,14 @@ const (
 	// stageSeen: any other succeeded charge; it only proves that a ledger
 	// row's charge exists (missing_charge), by charge or intent id.
 	stageSeen int16 = 3
+	// stagePending: a pending charge (a bank debit in motion), remembered
+	// in audit_pending until it is final (pending.go). Not missing, not
+	// judged yet.
+	stagePending int16 = 4
+	// stageFailed: a failed charge. Never a charge; staged so that a
+	// remembered pending charge that failed is forgotten, and a ledger row
+	// that claims it charged is missing_charge.
+	stageFailed int16 = 5
 )
 
 var stageCols = []string{"run_id", "grp", "charge_id", "payment_intent_id", "customer_id", "billing_period",
@@ -135,18 +143,29 @@ func (s *Store) countCharged(ctx context.Context, from, to time.Time, period str
 	return n, nil
 }
 
-// missingRows returns the ledger rows charged in [from, to) (of period,
-// when set) whose charge the run did not stage as succeeded, by charge id
-// or PaymentIntent id: the missing_charge candidates. Two anti-joins on
-// the stage, so the window's rows never come to the auditor.
+// missingRows returns the missing_charge candidates: the ledger rows
+// charged in [from, to) (of period, when set) whose charge the run did not
+// stage as succeeded or pending, by charge id or PaymentIntent id (two
+// anti-joins on the stage, so the window's rows never come to the
+// auditor), and the charged rows, of any window, whose charge the run read
+// again and found failed (a debit that was pending when its window was
+// audited).
 func (s *Store) missingRows(ctx context.Context, runID int64, from, to time.Time, period string) ([]ledger.Record, error) {
 	rows, err := s.pool.Query(ctx, `SELECT r.idempotency_key, r.customer_id, r.billing_period,
 			coalesce(r.stripe_customer_id, ''), r.charge_id, r.amount_cents, r.currency, r.charged_at, r.first_attempt_at
 		FROM {schema}.billing_records r
 		WHERE r.status = 'charged' AND r.charged_at >= $2 AND r.charged_at < $3 AND ($4 = '' OR r.billing_period = $4)
-			AND NOT EXISTS (SELECT 1 FROM {schema}.audit_stage s WHERE s.run_id = $1 AND s.charge_id = r.charge_id)
-			AND NOT EXISTS (SELECT 1 FROM {schema}.audit_stage s WHERE s.run_id = $1 AND s.payment_intent_id = r.charge_id)
-		ORDER BY r.charged_at`, runID, from, to, period)
+			AND NOT EXISTS (SELECT 1 FROM {schema}.audit_stage s
+				WHERE s.run_id = $1 AND s.charge_id = r.charge_id AND s.grp IN (1, 2, 3, 4))
+			AND NOT EXISTS (SELECT 1 FROM {schema}.audit_stage s
+				WHERE s.run_id = $1 AND s.payment_intent_id = r.charge_id AND s.grp IN (1, 2, 3, 4))
+		UNION
+		SELECT r.idempotency_key, r.customer_id, r.billing_period,
+			coalesce(r.stripe_customer_id, ''), r.charge_id, r.amount_cents, r.currency, r.charged_at, r.first_attempt_at
+		FROM {schema}.audit_stage s JOIN {schema}.billing_records r ON r.charge_id IN (s.charge_id, s.payment_intent_id)
+		WHERE s.run_id = $1 AND s.grp = 5 AND r.status = 'charged' AND ($4 = '' OR r.billing_period = $4)
+			AND EXISTS (SELECT 1 FROM {schema}.audit_pending p WHERE p.charge_id = s.charge_id)
+		ORDER BY 8`, runID, from, to, period)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's rows without a listed charge: %w", err)
 	}
