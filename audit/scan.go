@@ -17,7 +17,8 @@ import (
 )
 
 // entry is what grouping needs of one succeeded charge, and nothing more:
-// a 100,000-charge window is held as these, never as full Stripe objects.
+// the row of audit_stage a listed charge becomes, and what one group is
+// read back as (legacy charges are held as these for the whole run).
 type entry struct {
 	id             string
 	created        int64
