@@ -257,9 +257,13 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err != nil {
 		return fmt.Errorf("listing Stripe charges: %w", err)
 	}
-	n, err := a.recheckPending(ctx, c)
-	if err != nil {
-		return err
+	// A --period run files another period's charges as merely seen: it
+	// must neither judge nor forget the charges in motion it follows.
+	var n int
+	if w.Period == "" {
+		if n, err = a.recheckPending(ctx, c); err != nil {
+			return err
+		}
 	}
 	// Read again, not listed: they are not the window's scan.
 	c.scanned.Add(-int64(n))
@@ -329,7 +333,7 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	}
 	// Only now, with the findings stored: a run that fails keeps
 	// following what it would have forgotten.
-	if rep.PendingCharges, err = a.store.rememberPending(ctx, rep.RunID, a.cfg.Clock.Now()); err != nil {
+	if rep.PendingCharges, err = a.store.rememberPending(ctx, rep.RunID, w.Period == "", a.cfg.Clock.Now()); err != nil {
 		return err
 	}
 	for _, f := range rep.Resolved {

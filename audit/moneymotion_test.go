@@ -138,6 +138,11 @@ func TestChargedRowOfAFailedDebitIsMissingOnceFinal(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clk.Advance(72 * time.Hour)
+	// Another period's run neither judges nor forgets it.
+	rep, err = a.Run(ctx, Window{From: w1, To: b.clk.Now().Add(-time.Hour), Period: "2026-10"})
+	if err != nil || len(rep.Findings) != 0 || rep.PendingRechecked != 0 || rep.PendingCharges != 1 {
+		t.Fatalf("--period 2026-10: %v, findings %+v, %d rechecked, %d followed; want none, 0, 1", err, rep.Findings, rep.PendingRechecked, rep.PendingCharges)
+	}
 	rep, err = a.Run(ctx, Window{From: w1, To: b.clk.Now().Add(-time.Hour)})
 	if err != nil {
 		t.Fatal(err)

@@ -70,15 +70,18 @@ func (a *Auditor) recheckPending(ctx context.Context, c *collector) (int, error)
 }
 
 // rememberPending records, once the run's findings are stored, the pending
-// charges the run staged, and forgets the remembered ones it found final
-// (staged as anything but pending), in one transaction.
-func (s *Store) rememberPending(ctx context.Context, runID int64, now time.Time) (int64, error) {
+// charges the run staged and, with forget, forgets the remembered ones it
+// found final (staged as anything but pending), in one transaction.
+func (s *Store) rememberPending(ctx context.Context, runID int64, forget bool, now time.Time) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO {schema}.audit_pending (charge_id, created, first_run_id, last_run_id, checked_at)
 			SELECT charge_id, to_timestamp(created), $1, $1, $2 FROM {schema}.audit_stage WHERE run_id = $1 AND grp = 4
 			ON CONFLICT (charge_id) DO UPDATE SET last_run_id = excluded.last_run_id, checked_at = excluded.checked_at`, runID, now); err != nil {
 			return err
+		}
+		if !forget {
+			return tx.QueryRow(ctx, `SELECT count(*) FROM {schema}.audit_pending`).Scan(&n)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.audit_pending p USING {schema}.audit_stage s
 			WHERE s.run_id = $1 AND s.grp <> 4 AND s.charge_id = p.charge_id`, runID); err != nil {
