@@ -10,51 +10,69 @@ import (
 )
 
 // chargeFindings derives the duplicate, orphan and mismatch findings of
-// the listed charges. Each pelguard group (one ledger key) is joined with
-// its ledger row, LookupBatch keys per query. With --legacy, the legacy
-// charges of the group's Stripe customer and period join it first, so an
-// old consumer's charge and pelguard's for one customer and period are
-// compared; the legacy groups left over are compared with the ledger rows
-// of their Stripe customer and period.
+// the listed charges, read back from the run's stage one ledger key's
+// group at a time, LookupBatch groups per ledger query. With --legacy, the
+// legacy charges of the group's Stripe customer and period join it first,
+// so an old consumer's charge and pelguard's for one customer and period
+// are compared; the legacy groups left over are compared with the ledger
+// rows of their Stripe customer and period.
 func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, error) {
 	var fs []Finding
-	for _, e := range c.unkeyed {
-		if e.disputed {
-			fs = append(fs, disputedFinding(Finding{StripeCustomerID: e.stripeCustomer, IdempotencyKey: e.idemKey}, e))
+	err := a.store.scanStage(ctx, c.runID, stageUnkeyed, func(_ groupKey, es []entry) error {
+		for _, e := range es {
+			if e.disputed {
+				fs = append(fs, disputedFinding(Finding{StripeCustomerID: e.stripeCustomer, IdempotencyKey: e.idemKey}, e))
+			}
+			fs = append(fs, Finding{Kind: KindOrphan, Subject: e.id, StripeCustomerID: e.stripeCustomer, ChargeID: e.id,
+				IdempotencyKey: e.idemKey, AmountCents: e.net(), Currency: e.currency,
+				Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
 		}
-		fs = append(fs, Finding{Kind: KindOrphan, Subject: e.id, StripeCustomerID: e.stripeCustomer, ChargeID: e.id,
-			IdempotencyKey: e.idemKey, AmountCents: e.net(), Currency: e.currency,
-			Detail: "marked pelguard=1 but has no customer_id/billing_period metadata"})
-	}
-	shared := c.sharing()
-	team, err := a.teamCustomers(ctx, c)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]ledger.Key, 0, min(len(c.pelguard), a.cfg.LookupBatch))
+	shared, stream, err := a.sharing(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	team, err := a.teamCustomers(ctx, c, stream)
+	if err != nil {
+		return nil, err
+	}
+	type group struct {
+		k  groupKey
+		es []entry
+	}
+	batch := make([]group, 0, a.cfg.LookupBatch)
 	flush := func() error {
+		keys := make([]ledger.Key, len(batch))
+		for i, g := range batch {
+			keys[i] = ledger.Key{CustomerID: g.k.customer, BillingPeriod: g.k.period}
+		}
 		recs, err := a.lookup(ctx, keys)
 		if err != nil {
 			return fmt.Errorf("reading the ledger rows of %d charged keys: %w", len(keys), err)
 		}
-		for _, k := range keys {
-			gk := groupKey{k.CustomerID, k.BillingPeriod}
-			es := c.pelguard[gk]
-			r, ok := recs[k]
-			fs = append(fs, groupFindings(gk, es, c.takeLegacy(gk, es, shared, team), r, ok)...)
+		for i, g := range batch {
+			r, ok := recs[keys[i]]
+			fs = append(fs, groupFindings(g.k, g.es, c.takeLegacy(g.k, g.es, shared, team), r, ok)...)
 		}
-		keys = keys[:0]
+		clear(batch)
+		batch = batch[:0]
 		return nil
 	}
-	for k := range c.pelguard {
-		keys = append(keys, ledger.Key{CustomerID: k.customer, BillingPeriod: k.period})
-		if len(keys) == a.cfg.LookupBatch {
-			if err := flush(); err != nil {
-				return nil, err
-			}
+	err = a.store.scanStage(ctx, c.runID, stagePelguard, func(k groupKey, es []entry) error {
+		batch = append(batch, group{k, es})
+		if len(batch) == a.cfg.LookupBatch {
+			return flush()
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if len(keys) > 0 {
+	if len(batch) > 0 {
 		if err := flush(); err != nil {
 			return nil, err
 		}
@@ -113,7 +131,11 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		}
 	}
 
-	charged := ok && r.Status == ledger.StatusCharged
+	// A processing row names its debit's pending charge: once that charge
+	// succeeded at Stripe it is the row's charge, even before the ledger
+	// has caught up with the settlement (a poll or webhook away).
+	charged := ok && (r.Status == ledger.StatusCharged || r.Status == ledger.StatusProcessing &&
+		slices.ContainsFunc(es, func(e entry) bool { return e.id == r.ChargeID || e.intent != "" && e.intent == r.PaymentIntentID }))
 	canonical := ""
 	var dups []entry
 	switch {
@@ -121,7 +143,7 @@ func groupFindings(k groupKey, es, legacy []entry, r ledger.Record, ok bool) []F
 		canonical = r.ChargeID
 		var ledgerCharge *entry
 		for i := range es {
-			if es[i].id == r.ChargeID || (es[i].intent != "" && es[i].intent == r.ChargeID) {
+			if es[i].id == r.ChargeID || (es[i].intent != "" && (es[i].intent == r.ChargeID || es[i].intent == r.PaymentIntentID)) {
 				ledgerCharge = &es[i]
 			}
 		}

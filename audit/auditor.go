@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"regexp"
 	"slices"
 	"sync/atomic"
@@ -78,6 +77,11 @@ type Report struct {
 	PelguardCharges int64 `json:"pelguard_charges"`
 	LegacyCharges   int64 `json:"legacy_charges"`
 	LedgerCharged   int64 `json:"ledger_charged_rows"`
+	// PendingRechecked counts the remembered pending charges (money in
+	// motion) this run read again at Stripe; PendingCharges those still
+	// pending after it, which later runs keep reading (see pending.go).
+	PendingRechecked int   `json:"pending_rechecked"`
+	PendingCharges   int64 `json:"pending_charges"`
 
 	// Findings is everything this run detected, new or already known, in
 	// kind order; New marks the ones this run added.
@@ -212,22 +216,28 @@ func (a *Auditor) resolve(ctx context.Context, w Window) (Window, error) {
 	return w, nil
 }
 
-// audit does the work of one run and fills rep.
+// audit does the work of one run and fills rep. The listing goes to the
+// run's stage (stage.go), which is emptied when the run ends, whatever
+// its outcome.
 func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
-	// The ledger rows charged in the window must each have their charge at
-	// Stripe; the listing crosses them off as it sees them.
-	want := wanted{}
-	err := a.ledger.ScanCharged(ctx, w.From, w.To, func(r ledger.Record) error {
-		if w.Period == "" || r.BillingPeriod == w.Period {
-			want[r.ChargeID] = r.FirstAttemptAt.Unix()
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("reading the ledger's charged rows: %w", err)
+	// Under the run lock, staged rows of another run are a crashed run's.
+	if err := a.store.clearStage(ctx, rep.RunID, true); err != nil {
+		return err
 	}
-	rep.LedgerCharged = int64(len(want))
-	rv, err := a.newReviewer(ctx, w.Period, want)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := a.store.clearStage(cctx, rep.RunID, false); err != nil {
+			a.log.Warn("audit stage left behind; the next run clears it", slog.Int64("run_id", rep.RunID), slog.Any("error", err))
+		}
+	}()
+	// The ledger rows charged in the window must each have their charge at
+	// Stripe: the stage, once filled, says which have not (missingRows).
+	var err error
+	if rep.LedgerCharged, err = a.store.countCharged(ctx, w.From, w.To, w.Period); err != nil {
+		return err
+	}
+	rv, err := a.newReviewer(ctx, w)
 	if err != nil {
 		return err
 	}
@@ -235,35 +245,59 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	// A charge is created before the ledger records it, so the listing
 	// starts ChargeLag earlier than the ledger's window.
 	listFrom := w.From.Add(-a.cfg.ChargeLag)
-	c := newCollector(w.Period, a.legacyRE, want)
+	c := newCollector(rep.RunID, w.Period, a.legacyRE)
 	c.review = rv
 	pagesBefore := a.pages.Load()
 	stop := a.startProgress(c, &a.pages, pagesBefore)
+	phase := a.phases(rep.RunID)
 	err = a.list(ctx, listFrom, w.To, c)
 	stop()
+	phase("listing")
 	rep.ChargesScanned, rep.PelguardCharges, rep.LegacyCharges = c.scanned.Load(), c.pelguardN.Load(), c.legacyN.Load()
 	if err != nil {
 		return fmt.Errorf("listing Stripe charges: %w", err)
 	}
+	// A --period run files another period's charges as merely seen: it
+	// must neither judge nor forget the charges in motion it follows.
+	var n int
+	if w.Period == "" {
+		if n, err = a.recheckPending(ctx, c); err != nil {
+			return err
+		}
+	}
+	// Read again, not listed: they are not the window's scan.
+	c.scanned.Add(-int64(n))
+	rep.PendingRechecked = n
+	phase("pending charges")
+	if err := a.store.analyzeStage(ctx); err != nil {
+		return err
+	}
+	missing, err := a.store.missingRows(ctx, rep.RunID, w.From, w.To, w.Period)
+	if err != nil {
+		return err
+	}
 	// Rows recorded long after their charge (a takeover that found the
 	// charge at Stripe) need a look further back before they are missing.
 	earliest := listFrom
-	for _, first := range want {
-		if t := time.Unix(first, 0); t.Before(earliest) {
-			earliest = t
+	for _, r := range missing {
+		if r.FirstAttemptAt.Before(earliest) {
+			earliest = r.FirstAttemptAt
 		}
 	}
-	if err := a.verifyMissing(ctx, earliest, listFrom, want); err != nil {
-		return err
+	if len(missing) > 0 && earliest.Before(listFrom) {
+		if err := a.verifyMissing(ctx, rep.RunID, earliest.Truncate(time.Second), listFrom); err != nil {
+			return err
+		}
+		if missing, err = a.store.missingRows(ctx, rep.RunID, w.From, w.To, w.Period); err != nil {
+			return err
+		}
 	}
 	rep.Pages = a.pages.Load() - pagesBefore
-
+	phase("missing charges")
+	stillMissing := make(map[string]bool, len(missing))
 	var fs []Finding
-	missing, err := a.ledger.ByChargeIDs(ctx, slices.Collect(maps.Keys(want)))
-	if err != nil {
-		return fmt.Errorf("reading the rows of missing charges: %w", err)
-	}
 	for _, r := range missing {
+		stillMissing[r.ChargeID] = true
 		fs = append(fs, Finding{Kind: KindMissing, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
 			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, ChargeID: r.ChargeID,
 			IdempotencyKey: r.IdempotencyKey, AmountCents: r.AmountCents, Currency: r.Currency,
@@ -274,6 +308,7 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err != nil {
 		return err
 	}
+	phase("grouping")
 	fs = append(fs, cfs...)
 	sfs, err := a.stuckFindings(ctx, w.Period)
 	if err != nil {
@@ -292,7 +327,13 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	if err := a.store.insertFindings(ctx, rep.RunID, fs); err != nil {
 		return err
 	}
-	if rep.Resolved, err = a.resolveFindings(ctx, rep.RunID, rv, fs, want); err != nil {
+	phase("storing findings")
+	if rep.Resolved, err = a.resolveFindings(ctx, rep.RunID, rv, fs, stillMissing); err != nil {
+		return err
+	}
+	// Only now, with the findings stored: a run that fails keeps
+	// following what it would have forgotten.
+	if rep.PendingCharges, err = a.store.rememberPending(ctx, rep.RunID, w.Period == "", a.cfg.Clock.Now()); err != nil {
 		return err
 	}
 	for _, f := range rep.Resolved {
@@ -309,6 +350,17 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 		}
 	}
 	return nil
+}
+
+// phases returns a function that logs, at debug level, how long the run's
+// phase just ended took: where a large window's time goes.
+func (a *Auditor) phases(runID int64) func(name string) {
+	last := time.Now()
+	return func(name string) {
+		now := time.Now()
+		a.log.Debug("audit phase done", slog.Int64("run_id", runID), slog.String("phase", name), slog.Duration("took", now.Sub(last)))
+		last = now
+	}
 }
 
 func cmpStrings(a, b string) int {

@@ -27,22 +27,28 @@ func spreadAt(from time.Time, span time.Duration, i, n int) time.Time {
 	return from.Add(time.Duration(span.Microseconds()*int64(i)/int64(n)) * time.Microsecond)
 }
 
-// seedBench stores benchRows charged ledger rows, their charges and
-// benchDups second charges, spread over the 24 h window [w0, w1).
-func seedBench(b *testing.B, bn *bundle) {
+// seedBench stores n charged ledger rows, their charges and n/100 second
+// charges, spread over the 24 h window [w0, w1). The ledger is written
+// 50,000 rows per COPY, so n may be 1,000,000 (BenchmarkAuditProcess seeds
+// that many into a separate emulator process the same way).
+func seedBench(b *testing.B, bn *bundle, n int) {
 	b.Helper()
 	span := w1.Sub(w0) - time.Hour
-	recs := make([]ledger.Record, 0, benchRows)
-	for i := range benchRows {
-		cust := fmt.Sprintf("c%06d", i)
-		at := spreadAt(w0, span, i, benchRows)
+	const chunk = 50_000
+	recs := make([]ledger.Record, 0, min(n, chunk))
+	for i := range n {
+		cust := fmt.Sprintf("c%07d", i)
+		at := spreadAt(w0, span, i, n)
 		id := bn.charge(cust, 2500, at, 0)
 		recs = append(recs, row(cust, 2500, id, at.Add(time.Second)))
-		if i%(benchRows/benchDups) == 0 {
+		if i%100 == 0 {
 			bn.charge(cust, 2500, at.Add(30*time.Minute), 0)
 		}
+		if len(recs) == chunk || i == n-1 {
+			bn.seed(b, recs...)
+			recs = recs[:0]
+		}
 	}
-	bn.seed(b, recs...)
 }
 
 // peakHeap samples HeapInuse and the live heap (as of the latest GC mark)
@@ -83,7 +89,7 @@ func benchAudit(b *testing.B, parallel int, faults stripesim.Faults, rate float6
 	bn := setup(b)
 	bn.cfg.Logger = testenv.Discard()
 	bn.cfg.Notifier = nil
-	seedBench(b, bn)
+	seedBench(b, bn, benchRows)
 	if err := bn.sim.SetFaults(faults); err != nil {
 		b.Fatal(err)
 	}

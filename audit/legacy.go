@@ -34,7 +34,7 @@ func (a *Auditor) file(ctx context.Context, c *collector, page []stripeapi.Charg
 	var ids []string
 	for i := range page {
 		ch := &page[i]
-		if ch.Status != "succeeded" || stripeapi.IsPelguard(ch.Metadata) {
+		if (ch.Status != "succeeded" && ch.Status != "pending") || stripeapi.IsPelguard(ch.Metadata) {
 			continue
 		}
 		ids = append(ids, ch.ID)
@@ -50,44 +50,48 @@ func (a *Auditor) file(ctx context.Context, c *collector, page []stripeapi.Charg
 		}
 		known = rows
 	}
-	c.add(page, known)
+	if err := a.stageRows(ctx, c.runID, c.add(page, known)); err != nil {
+		return err
+	}
 	c.scanned.Add(int64(len(page)))
 	return nil
 }
 
-// addUnmarked files a succeeded charge without pelguard's marker (c.mu held).
-// A charge the ledger records is pelguard's, whatever its metadata: it goes
-// to its row's group, where it is the canonical charge. Any other is a
-// legacy charge, kept only with --legacy, under its Stripe customer and the
-// period of its metadata or description.
-func (c *collector) addUnmarked(ch *stripeapi.Charge, e entry, known recorded) {
+// addUnmarked files a succeeded charge without pelguard's marker (c.mu held)
+// and returns its stage row. A charge the ledger records is pelguard's,
+// whatever its metadata: it goes to its row's group, where it is the
+// canonical charge. Any other is a legacy charge, kept (in memory) only
+// with --legacy, under its Stripe customer and the period of its metadata
+// or description.
+func (c *collector) addUnmarked(ch *stripeapi.Charge, e entry, known recorded) stageRow {
+	seen := stageRow{grp: stageSeen, e: e}
 	if r, ok := known.of(ch); ok {
 		c.pelguardN.Add(1)
 		if c.period != "" && r.BillingPeriod != c.period {
-			return
+			return seen
 		}
 		e.idemKey = r.IdempotencyKey
-		k := groupKey{r.CustomerID, c.intern(r.BillingPeriod)}
-		c.pelguard[k] = append(c.pelguard[k], e)
-		return
+		return stageRow{grp: stagePelguard, k: groupKey{r.CustomerID, r.BillingPeriod}, e: e}
 	}
 	if c.legacyRE == nil || ch.StripeCustomerID == "" {
-		return
+		return seen
 	}
 	period := ch.Metadata[stripeapi.MetaBillingPeriod]
 	if period == "" {
 		m := c.legacyRE.FindStringSubmatch(ch.Description)
 		if len(m) < 2 || m[1] == "" {
-			return
+			return seen
 		}
 		period = m[1]
 	}
 	if c.period != "" && period != c.period {
-		return
+		return seen
 	}
 	c.legacyN.Add(1)
 	k := groupKey{ch.StripeCustomerID, c.intern(period)}
+	e.currency = c.intern(e.currency)
 	c.legacy[k] = append(c.legacy[k], e)
+	return seen
 }
 
 // stripeCustomers calls fn once for each Stripe customer of es.
@@ -105,22 +109,40 @@ func stripeCustomers(es []entry, fn func(string)) {
 
 // sharing counts, for each (Stripe customer, period) that has legacy
 // charges, the pelguard groups billed to that Stripe customer in that
-// period. Legacy charges join a pelguard group only when it is the one
-// group of their key: with two ledger customers on one Stripe customer the
-// auditor cannot tell which of them an old charge billed.
-func (c *collector) sharing() map[groupKey]int {
+// period, and lists by Stripe customer the team customers of those groups
+// (the stream's half of teamCustomers). Legacy charges join a pelguard
+// group only when it is the one group of their key: with two ledger
+// customers on one Stripe customer the auditor cannot tell which of them an
+// old charge billed. The pelguard groups are read from the stage,
+// LookupBatch legacy keys per query.
+func (a *Auditor) sharing(ctx context.Context, c *collector) (map[groupKey]int, teamMap, error) {
 	if len(c.legacy) == 0 {
-		return nil
+		return nil, nil, nil
 	}
-	n := map[groupKey]int{}
-	for k, es := range c.pelguard {
-		stripeCustomers(es, func(s string) {
-			if sk := (groupKey{s, k.period}); c.legacy[sk] != nil {
-				n[sk]++
-			}
+	n, t := map[groupKey]int{}, teamMap{}
+	keys := make([]groupKey, 0, min(len(c.legacy), a.cfg.LookupBatch))
+	flush := func() error {
+		err := a.store.stagedShares(ctx, c.runID, keys, func(s, period, customer string) {
+			n[groupKey{s, period}]++
+			t.add(s, teamCustomer{id: customer})
 		})
+		keys = keys[:0]
+		return err
 	}
-	return n
+	for k := range c.legacy {
+		keys = append(keys, k)
+		if len(keys) == a.cfg.LookupBatch {
+			if err := flush(); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	if len(keys) > 0 {
+		if err := flush(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return n, t, nil
 }
 
 // takeLegacy removes from c and returns the legacy charges that belong with

@@ -40,26 +40,21 @@ func (t teamMap) add(stripeID string, tc teamCustomer) {
 
 // teamCustomers reads, for the Stripe customers of the legacy groups, the
 // team's customers the ledger (any period, latest amount) and the stream
-// (this listing's pelguard groups) bill to each. Like ByStripeKeys, no
-// index serves the ledger read; only --legacy runs make it, one query per
-// LookupBatch Stripe customers.
-func (a *Auditor) teamCustomers(ctx context.Context, c *collector) (teamMap, error) {
+// (t, this listing's pelguard groups: see sharing) bill to each. Like
+// ByStripeKeys, no index serves the ledger read; only --legacy runs make
+// it, one query per LookupBatch Stripe customers.
+func (a *Auditor) teamCustomers(ctx context.Context, c *collector, t teamMap) (teamMap, error) {
 	if len(c.legacy) == 0 {
 		return nil, nil
 	}
-	t := teamMap{}
+	if t == nil {
+		t = teamMap{}
+	}
 	var ids []string
 	for k := range c.legacy {
 		if !slices.Contains(ids, k.customer) {
 			ids = append(ids, k.customer)
 		}
-	}
-	for k, es := range c.pelguard {
-		stripeCustomers(es, func(s string) {
-			if c.legacy[groupKey{s, k.period}] != nil {
-				t.add(s, teamCustomer{id: k.customer, amount: es[0].amount})
-			}
-		})
 	}
 	for start := 0; start < len(ids); start += a.cfg.LookupBatch {
 		part := ids[start:min(start+a.cfg.LookupBatch, len(ids))]

@@ -174,6 +174,8 @@ func (a *Auditor) ledgerRefusal(ctx context.Context, f Finding) (*skip, error) {
 			return nil, fmt.Errorf("reading the ledger row of %s before refunding %s: %w", k, f.ChargeID, err)
 		case r.Status == ledger.StatusPending:
 			return skipf(SkipLedgerPending, "the ledger row of %s is pending: a charge of the key is in motion", k), nil
+		case r.Status == ledger.StatusProcessing:
+			return skipf(SkipLedgerPending, "the ledger row of %s is processing: its charge %s is a debit still in motion", k, r.ChargeID), nil
 		case r.Status == ledger.StatusCharged && r.ChargeID != f.CanonicalChargeID:
 			return skipf(SkipLedgerOtherCanonical, "the ledger records %s for %s, not the finding's canonical %s",
 				r.ChargeID, k, f.CanonicalChargeID), nil

@@ -133,19 +133,18 @@ type reviewer struct {
 	missingInWindow map[string]bool
 }
 
-// newReviewer loads the open findings the run may re-check.
-func (a *Auditor) newReviewer(ctx context.Context, period string, want wanted) (*reviewer, error) {
-	open, err := a.store.openFindings(ctx, period)
+// newReviewer loads the open findings the run of w may re-check.
+func (a *Auditor) newReviewer(ctx context.Context, w Window) (*reviewer, error) {
+	open, err := a.store.openFindings(ctx, w.Period)
 	if err != nil {
 		return nil, err
 	}
-	rv := &reviewer{open: open, watch: map[string]bool{}, seen: map[string]fact{}, missingInWindow: map[string]bool{}}
+	rv := &reviewer{open: open, watch: map[string]bool{}, seen: map[string]fact{}}
+	var missing []string
 	for _, f := range open {
 		switch f.Kind {
 		case KindMissing:
-			if _, ok := want[f.ChargeID]; ok {
-				rv.missingInWindow[f.ChargeID] = true
-			}
+			missing = append(missing, f.ChargeID)
 		case KindStuckPending:
 		default:
 			for _, id := range []string{f.ChargeID, f.CanonicalChargeID} {
@@ -154,6 +153,9 @@ func (a *Auditor) newReviewer(ctx context.Context, period string, want wanted) (
 				}
 			}
 		}
+	}
+	if rv.missingInWindow, err = a.store.chargedAmong(ctx, missing, w.From, w.To, w.Period); err != nil {
+		return nil, err
 	}
 	return rv, nil
 }
@@ -166,9 +168,9 @@ func (rv *reviewer) note(id string, f fact) {
 }
 
 // resolve decides the open findings against what the run found (fs) and
-// saw, and records the resolutions under runID. want is what the listing
-// left of the window's charged rows.
-func (a *Auditor) resolveFindings(ctx context.Context, runID int64, rv *reviewer, fs []Finding, want wanted) ([]Finding, error) {
+// saw, and records the resolutions under runID. stillMissing holds the
+// charge ids of the window's charged rows the listing did not show.
+func (a *Auditor) resolveFindings(ctx context.Context, runID int64, rv *reviewer, fs []Finding, stillMissing map[string]bool) ([]Finding, error) {
 	if len(rv.open) == 0 {
 		return nil, nil
 	}
@@ -178,7 +180,7 @@ func (a *Auditor) resolveFindings(ctx context.Context, runID int64, rv *reviewer
 		r.detected[findingKey{f.Kind, f.Subject}] = true
 	}
 	for id := range rv.missingInWindow {
-		if _, still := want[id]; !still {
+		if !stillMissing[id] {
 			r.missingSeen[id] = true
 		}
 	}

@@ -17,7 +17,8 @@ import (
 )
 
 // entry is what grouping needs of one succeeded charge, and nothing more:
-// a 100,000-charge window is held as these, never as full Stripe objects.
+// the row of audit_stage a listed charge becomes, and what one group is
+// read back as (legacy charges are held as these for the whole run).
 type entry struct {
 	id             string
 	created        int64
@@ -46,29 +47,21 @@ func byCreated(a, b entry) int {
 // ones.
 type groupKey struct{ customer, period string }
 
-// wanted maps the charge ids of ledger rows charged in the window to their
-// first attempt (unix seconds): missing_charge candidates until the listing
-// shows the charge. Only the id and a number are kept per row; the few rows
-// left at the end are read again in full.
-type wanted map[string]int64
-
-// collector receives the listing's charges from every sub-window.
+// collector receives the listing's charges from every sub-window and
+// files each page: pelguard charges go to the run's stage (see stage.go),
+// legacy ones (--legacy) stay here.
 type collector struct {
+	runID    int64
 	period   string
 	legacyRE *regexp.Regexp // nil unless --legacy
 
-	mu       sync.Mutex
-	pelguard map[groupKey][]entry
-	legacy   map[groupKey][]entry
-	// unkeyed are marked charges without customer/period metadata: the
-	// ledger cannot be asked about them, so each is an orphan.
-	unkeyed []entry
-	wanted  wanted
+	mu     sync.Mutex
+	legacy map[groupKey][]entry
 	// review, when set, is told of the charges open findings name.
 	review *reviewer
 
-	// strs interns the strings that repeat across charges (periods,
-	// currencies), so 100,000 charges do not hold 100,000 copies of "usd".
+	// strs interns the strings that repeat across legacy charges (periods,
+	// currencies), so they do not hold a copy of "usd" each.
 	strs map[string]string
 
 	scanned, pelguardN, legacyN atomic.Int64
@@ -84,48 +77,60 @@ func (c *collector) intern(s string) string {
 	return s
 }
 
-func newCollector(period string, legacyRE *regexp.Regexp, wanted wanted) *collector {
-	return &collector{
-		period: period, legacyRE: legacyRE, wanted: wanted,
-		pelguard: map[groupKey][]entry{}, legacy: map[groupKey][]entry{}, strs: map[string]string{},
-	}
+func newCollector(runID int64, period string, legacyRE *regexp.Regexp) *collector {
+	return &collector{runID: runID, period: period, legacyRE: legacyRE, legacy: map[groupKey][]entry{}, strs: map[string]string{}}
 }
 
 // add files one page of charges under the collector's lock (one lock per
-// page rather than per charge keeps parallel listers from contending).
-// known holds the ledger rows of the page's unmarked charges (see file).
-func (c *collector) add(page []stripeapi.Charge, known recorded) {
+// page rather than per charge keeps parallel listers from contending) and
+// returns the page's rows for the stage. known holds the ledger rows of the
+// page's unmarked charges (see file). Every succeeded charge is staged,
+// those that no pelguard group takes as stageSeen: any of them may be the
+// charge a ledger row of the window records.
+func (c *collector) add(page []stripeapi.Charge, known recorded) []stageRow {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	rows := make([]stageRow, 0, len(page))
 	for i := range page {
 		ch := &page[i]
 		c.review.note(ch.ID, fact{status: ch.Status, net: ch.AmountCents - ch.AmountRefundedCents,
 			disputed: ch.Disputed, intent: ch.PaymentIntentID})
-		if ch.Status != "succeeded" {
+		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
+			currency: ch.Currency, stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID,
+			disputed: ch.Disputed}
+		switch ch.Status {
+		case "succeeded":
+		case "pending":
+			// Money in motion: judged once final (pending.go). Only a
+			// charge that may be pelguard's, or with --legacy an old
+			// consumer's, is worth following.
+			if _, recorded := known.of(ch); recorded || stripeapi.IsPelguard(ch.Metadata) || c.legacyRE != nil {
+				rows = append(rows, stageRow{grp: stagePending, e: e})
+			}
+			continue
+		default:
+			rows = append(rows, stageRow{grp: stageFailed, e: e})
 			continue
 		}
-		delete(c.wanted, ch.ID)
-		delete(c.wanted, ch.PaymentIntentID)
-		e := entry{id: ch.ID, created: ch.Created.Unix(), amount: ch.AmountCents, refunded: ch.AmountRefundedCents,
-			currency: c.intern(ch.Currency), stripeCustomer: ch.StripeCustomerID, intent: ch.PaymentIntentID,
-			disputed: ch.Disputed}
 		md := ch.Metadata
 		if stripeapi.IsPelguard(md) {
 			c.pelguardN.Add(1)
-			k := groupKey{md[stripeapi.MetaCustomerID], c.intern(md[stripeapi.MetaBillingPeriod])}
+			k := groupKey{md[stripeapi.MetaCustomerID], md[stripeapi.MetaBillingPeriod]}
 			if c.period != "" && k.period != c.period {
+				rows = append(rows, stageRow{grp: stageSeen, e: e})
 				continue
 			}
 			e.idemKey = md[stripeapi.MetaIdempotencyKey]
 			if k.customer == "" || k.period == "" {
-				c.unkeyed = append(c.unkeyed, e)
+				rows = append(rows, stageRow{grp: stageUnkeyed, e: e})
 				continue
 			}
-			c.pelguard[k] = append(c.pelguard[k], e)
+			rows = append(rows, stageRow{grp: stagePelguard, k: k, e: e})
 			continue
 		}
-		c.addUnmarked(ch, e, known)
+		rows = append(rows, c.addUnmarked(ch, e, known))
 	}
+	return rows
 }
 
 // subWindows splits [from, to) into n contiguous parts on whole seconds
@@ -215,24 +220,32 @@ func countingClient(base *http.Client, pages *atomic.Int64) *http.Client {
 
 // verifyMissing lists [from, to) once more for charges the ledger recorded
 // long after they were created (a takeover past the 24 h key window records
-// the charge it found at Stripe), and removes them from wanted.
-func (a *Auditor) verifyMissing(ctx context.Context, from, to time.Time, wanted wanted) error {
-	if len(wanted) == 0 || !from.Before(to) {
+// the charge it found at Stripe), and stages the succeeded ones as seen.
+func (a *Auditor) verifyMissing(ctx context.Context, runID int64, from, to time.Time) error {
+	if !from.Before(to) {
 		return nil
 	}
-	var mu sync.Mutex
 	g, ctx := errgroup.WithContext(ctx)
 	for _, w := range subWindows(from, to, a.cfg.Parallel) {
 		g.Go(func() error {
-			return a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
+			rows := make([]stageRow, 0, 100)
+			err := a.stripe.ListCharges(ctx, w[0], w[1], func(ch stripeapi.Charge) error {
 				if ch.Status == "succeeded" {
-					mu.Lock()
-					delete(wanted, ch.ID)
-					delete(wanted, ch.PaymentIntentID)
-					mu.Unlock()
+					rows = append(rows, stageRow{grp: stageSeen, e: entry{id: ch.ID, intent: ch.PaymentIntentID,
+						created: ch.Created.Unix(), amount: ch.AmountCents}})
+				}
+				if len(rows) == cap(rows) {
+					if err := a.stageRows(ctx, runID, rows); err != nil {
+						return err
+					}
+					rows = rows[:0]
 				}
 				return nil
 			})
+			if err != nil {
+				return err
+			}
+			return a.stageRows(ctx, runID, rows)
 		})
 	}
 	if err := g.Wait(); err != nil {

@@ -105,6 +105,7 @@ func (j FaultsJSON) Faults() (Faults, error) {
 //	POST /_sim/advance     {"duration": "24h"} moves the clock
 //	POST /_sim/refund      {"charge": "ch_…", "amount": 0} refunds by hand (RefundByHand)
 //	POST /_sim/dispute     {"charge": "ch_…"} opens a dispute (Dispute)
+//	POST /_sim/seed        [SeedJSON, …] stores charges directly (SeedCharge), in bulk
 //	GET  /_sim/disputes    Disputes()
 //	POST /_sim/settle      {"id": "pi_…|ch_…", "succeeded": false, "failure_code": "account_closed"}
 //	                       settles a pending bank debit (Settle): the bank's answer, days later
@@ -129,6 +130,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status, v, ok := s.serveEvents(r); ok {
+		reply(status, v)
+		return
+	}
+	if status, v, ok := s.serveSeed(r); ok {
 		reply(status, v)
 		return
 	}
