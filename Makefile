@@ -7,7 +7,7 @@ BENCHTIME ?= 1x
 BENCHCOUNT ?= 5
 # Installed and shipped names: `go install ./cmd/...` gives consumer, reaper,
 # auditor; `make install` and the image give pelguard-consumer, ….
-ROLES     := consumer reaper auditor
+ROLES     := consumer reaper auditor console
 PREFIX    ?= /usr/local
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/pelguard/pelguard/internal/version.Version=$(VERSION)

@@ -271,7 +271,7 @@ type periodRow struct {
 }
 
 // qCustomerPeriods pages a customer's periods, newest first, by the
-// primary key; $2 is the keyset (periods before it; '' for the first page).
+// primary key; $2 is the keyset (periods before it; ” for the first page).
 const qCustomerPeriods = `SELECT billing_period, status, amount_cents, currency FROM {schema}.billing_records
 	WHERE customer_id = $1 AND ($2 = '' OR billing_period < $2) ORDER BY customer_id, billing_period DESC LIMIT $3`
 
