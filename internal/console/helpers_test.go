@@ -52,6 +52,7 @@ type bundle struct {
 	mem     *alerts.Memory
 	auditor *audit.Auditor
 	cfg     Config
+	console *Server
 	srv     *httptest.Server
 }
 
@@ -89,6 +90,7 @@ func setup(t testing.TB, mod func(*Config)) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.console = s
 	b.srv = httptest.NewServer(s)
 	t.Cleanup(b.srv.Close)
 	return b
