@@ -117,7 +117,8 @@ type kindCount struct {
 	Cents    int64
 }
 
-// qOpenByKind reads the open findings through audit_findings_open_idx.
+// qOpenByKind reads the open findings from audit_findings_open_kind_idx
+// alone (it carries the amount).
 const qOpenByKind = `SELECT kind, coalesce(currency, ''), count(*), coalesce(sum(amount_cents), 0)::bigint
 	FROM {schema}.audit_findings WHERE state = 'open' GROUP BY kind, currency ORDER BY count(*) DESC`
 

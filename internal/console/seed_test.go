@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// seedBig fills the ledger with rows rows (12 periods of 2025 per
-// customer, mostly charged) and audit_findings with findings findings of
+// seedBig fills the ledger with rows rows (rows/12 customers, each charged
+// in the 12 periods of 2025, mostly charged; a period's rows are written
+// together, as consumers write them during their month) and audit_findings with findings findings of
 // every kind and state, with generate_series (1,000,000 rows in one
 // statement rather than a million round trips), then VACUUM ANALYZEs both
 // so the planner sees their real size.
@@ -18,7 +19,7 @@ func (b *bundle) seedBig(t testing.TB, rows, findings int) {
 	for i, q := range []string{
 		`INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents, currency,
 			idempotency_key, status, charge_id, first_attempt_at, charged_at, stream_message_id)
-		SELECT 'b' || (g / 12), '2025-' || lpad((1 + g % 12)::text, 2, '0'), 'cus_b' || (g / 12), 1000 + g % 5000, 'usd',
+		SELECT 'b' || (g % ($1 / 12 + 1)), '2025-' || lpad((1 + g / ($1 / 12 + 1))::text, 2, '0'), 'cus_b' || (g % ($1 / 12 + 1)), 1000 + g % 5000, 'usd',
 			md5(g::text), s.status, CASE WHEN s.status = 'charged' THEN 'ch_b' || g END, $2::timestamptz,
 			CASE WHEN s.status = 'charged' THEN $2::timestamptz END, (1700000000000 + g) || '-0'
 		FROM generate_series(0, $1 - 1) g,
