@@ -44,6 +44,8 @@ const (
 	KindChargeFailed       Kind = "charge_failed"
 	KindStripeLookupFailed Kind = "stripe_lookup_failed"
 	KindPermissionDenied   Kind = "permission_denied"
+	KindChargeDeclined     Kind = "charge_declined"
+	KindActionRequired     Kind = "action_required"
 )
 
 // Field is a label/value pair shown side by side (Slack section fields).
@@ -328,6 +330,55 @@ func ChargeFailed(customerID, period, reason string) Alert {
 		Title:       "Charge failed",
 		Text:        fmt.Sprintf("Customer %s was *not billed* for %s: %s", code(customerID), code(period), Escape(reason)),
 		Fingerprint: "charge_failed:" + customerID + "\x00" + period,
+	}
+}
+
+// Decline is what ChargeDeclined reports.
+type Decline struct {
+	CustomerID, Period string
+	// Code is Stripe's decline_code (a card) or failure code (a bank debit).
+	Code string
+	// Hard: no retry can succeed (lost, stolen, closed account, …); else
+	// the last scheduled retry of a soft decline failed too.
+	Hard    bool
+	Debit   bool // a bank debit that failed after days in motion
+	Attempt int  // the attempt that failed
+}
+
+// ChargeDeclined reports a charge that is final without money: a hard
+// decline (one alert, never retried) or the last retry of a soft one.
+func ChargeDeclined(d Decline) Alert {
+	what, why := "card", "the issuer declined it"
+	if d.Debit {
+		what, why = "bank debit", "the bank returned it"
+	}
+	next := "the last scheduled retry failed too: no more retries"
+	if d.Hard {
+		next = "a retry of the same payment method cannot succeed, so none is made"
+	}
+	return Alert{
+		Kind:  KindChargeDeclined,
+		Title: "Charge declined: customer not billed",
+		Text: fmt.Sprintf("Customer %s was *not billed* for %s: %s (%s, attempt %d); %s. "+
+			"Ask the customer for another payment method; once it is set, `consumer retry --customer %s --period %s` charges again under a new key.",
+			code(d.CustomerID), code(d.Period), why, code(cmp.Or(d.Code, "no code")), d.Attempt, next,
+			Escape(d.CustomerID), Escape(d.Period)),
+		Fields:      []Field{{Label: "Payment", Value: what}, {Label: "Code", Value: cmp.Or(d.Code, "none")}},
+		Fingerprint: "charge_declined:" + d.CustomerID + "\x00" + d.Period,
+	}
+}
+
+// ActionRequired reports a charge Stripe cannot make without the customer:
+// need says what (authenticate the payment, add a payment method).
+func ActionRequired(customerID, period, need string) Alert {
+	return Alert{
+		Kind:  KindActionRequired,
+		Title: "Charge needs the customer",
+		Text: fmt.Sprintf("Customer %s was *not billed* for %s: Stripe needs the customer first: %s\n"+
+			"Once the customer has done it, replay the event (`consumer replay --reason action_required`) "+
+			"or `consumer retry --customer %s --period %s`: it charges again under the next attempt's key.",
+			code(customerID), code(period), Escape(need), Escape(customerID), Escape(period)),
+		Fingerprint: "action_required:" + customerID + "\x00" + period,
 	}
 }
 

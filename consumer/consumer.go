@@ -42,6 +42,8 @@ const (
 	DefaultWorkers       = 4
 	DefaultLease         = 30 * time.Second
 	DefaultSafeKeyWindow = 23 * time.Hour
+	// DefaultFollowUpEvery is how often FollowUp runs in a consumer.
+	DefaultFollowUpEvery = 30 * time.Second
 	DefaultNamespace     = "pelguard"
 )
 
@@ -79,6 +81,18 @@ type Config struct {
 	SafeKeyWindow time.Duration
 	RequireCap    bool
 	Rules         event.Rules
+	// DeclineRetries is how many times a soft decline (insufficient_funds,
+	// do_not_honor, …) is charged again, each under a new attempt's key,
+	// DeclineRetryAfter apart; failed bank debits with a retryable code are
+	// re-presented at most stripeapi.MaxDebitRepresentments times. 0 means
+	// DefaultDeclineRetries; NoDeclineRetries turns retries off.
+	DeclineRetries    int
+	DeclineRetryAfter time.Duration
+	// FollowUpEvery is how often the consumer polls processing charges
+	// and drives due ledger retries (FollowUp). 0 means
+	// DefaultFollowUpEvery; negative turns the loop off (another process,
+	// or a test, calls FollowUp).
+	FollowUpEvery time.Duration
 	// Description is the Stripe charge description; default the seed's
 	// "Usage billing for <period>".
 	Description func(event.Event) string
@@ -134,6 +148,9 @@ func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.SafeKeyWindow = cmp.Or(c.SafeKeyWindow, DefaultSafeKeyWindow)
+	c.DeclineRetries = cmp.Or(c.DeclineRetries, DefaultDeclineRetries)
+	c.DeclineRetryAfter = cmp.Or(c.DeclineRetryAfter, DefaultDeclineRetryAfter)
+	c.FollowUpEvery = cmp.Or(c.FollowUpEvery, DefaultFollowUpEvery)
 	if c.Description == nil {
 		c.Description = func(ev event.Event) string { return "Usage billing for " + ev.BillingPeriod }
 	}
@@ -180,6 +197,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("consumer: --lease %s is too short (minimum 300ms; it must outlive a heartbeat round trip)", c.Lease)
 	case c.Block < 0:
 		return fmt.Errorf("consumer: --block %s must not be negative", c.Block)
+	case c.DeclineRetries < NoDeclineRetries || c.DeclineRetries > 10:
+		return fmt.Errorf("consumer: --decline-retries %d must be between 0 and 10", max(c.DeclineRetries, 0))
+	case c.DeclineRetryAfter < time.Minute:
+		return fmt.Errorf("consumer: --decline-retry-after %s is too short (minimum 1m; card networks penalise rapid retries)", c.DeclineRetryAfter)
 	case c.SafeKeyWindow <= 0 || c.SafeKeyWindow >= 24*time.Hour:
 		return fmt.Errorf("consumer: --safe-key-window %s must be below Stripe's 24h idempotency window", c.SafeKeyWindow)
 	}
@@ -299,14 +320,45 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 			}
 		}()
 	}
+	followUpDone := make(chan struct{})
+	go func() { defer close(followUpDone); c.followUpLoop(readCtx, workCtx) }()
 	err := c.readLoop(readCtx, workCtx, jobs)
 	close(jobs)
 	wg.Wait()
+	<-followUpDone
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	return err
 }
+
+// followUpLoop runs FollowUp every FollowUpEvery until reading stops; a
+// pass in progress finishes (its charges are recorded) with workCtx.
+func (c *Consumer) followUpLoop(readCtx, workCtx context.Context) {
+	if c.cfg.FollowUpEvery < 0 {
+		return
+	}
+	t := time.NewTicker(c.cfg.FollowUpEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-readCtx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := c.proc.FollowUp(workCtx)
+		switch {
+		case err != nil && workCtx.Err() == nil:
+			c.cfg.Logger.WarnContext(workCtx, "ledger follow-up failed; the next pass retries", slog.Any("error", err))
+		case res.Polled+res.Retried+res.CapBlocked > 0:
+			c.cfg.Logger.InfoContext(workCtx, "ledger follow-up", slog.Int("polled", res.Polled), slog.Int("settled", res.Settled),
+				slog.Int("retried", res.Retried), slog.Int("cap_blocked", res.CapBlocked))
+		}
+	}
+}
+
+// FollowUp runs one pass of the ledger's own work (Processor.FollowUp).
+func (c *Consumer) FollowUp(ctx context.Context) (FollowUpResult, error) { return c.proc.FollowUp(ctx) }
 
 func (c *Consumer) handle(j job) {
 	defer c.proc.hb.remove(j.h)

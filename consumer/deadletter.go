@@ -106,8 +106,15 @@ func customerOf(msg redis.XMessage) string {
 	return ""
 }
 
+// ReplayedFromField marks an entry ReplayDeadLetters put back: its value is
+// the dead letter's id. A replay is the runbook's "fix, then replay": it
+// charges a row whose last attempt failed finally (failed,
+// action_required) again under the next attempt's key, where any other
+// delivery of a finished row is acked without a call.
+const ReplayedFromField = "replayed_from"
+
 // deadLetterMeta are the fields DeadLetter adds; a replay strips them.
-var deadLetterMeta = []string{"reason", "detail", "source_id", "source_stream", "group", "consumer", "dead_at"}
+var deadLetterMeta = []string{"reason", "detail", "source_id", "source_stream", "group", "consumer", "dead_at", ReplayedFromField}
 
 // Replayed is one dead letter put back on its stream.
 type Replayed struct {
@@ -148,6 +155,7 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, stream, r
 				for _, k := range deadLetterMeta {
 					delete(values, k)
 				}
+				values[ReplayedFromField] = m.ID
 				id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Result()
 				if err != nil {
 					return out, fmt.Errorf("replaying %s onto %s: %w", m.ID, stream, err)

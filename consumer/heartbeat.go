@@ -121,6 +121,15 @@ func (hb *heartbeat) add(parent context.Context, stream, id string) *hold {
 	return h
 }
 
+// addLedger holds a row a ledger-driven retry charges: no stream entry,
+// only the ledger lease, which the heartbeat renews like any other.
+func (hb *heartbeat) addLedger(parent context.Context, k ledger.Key) *hold {
+	return hb.add(parent, "", "ledger:"+k.String())
+}
+
+// ledgerOnly reports a hold without a stream entry (addLedger).
+func (h *hold) ledgerOnly() bool { return h.stream == "" }
+
 // remove stops holding an entry.
 func (hb *heartbeat) remove(h *hold) {
 	hb.mu.Lock()
@@ -198,26 +207,8 @@ func (hb *heartbeat) beat(ctx context.Context) {
 	var leased []ledger.Record
 	leaseHolds := map[ledger.Key]*hold{}
 	for stream, hs := range byStream {
-		ids := make([]string, len(hs))
-		for i, h := range hs {
-			ids[i] = h.id
-		}
-		owned, err := renew(ctx, hb.rdb, stream, hb.group, hb.name, ids)
-		if err != nil {
-			// Redis unreachable: we cannot tell; the ledger lease below still
-			// protects the Stripe call, and the next beat tries again.
-			hb.logger.WarnContext(ctx, "heartbeat: renewing PEL entries failed", slog.String("stream", stream), slog.Any("error", err))
-			hb.metrics.heartbeat(stream, "error", len(ids))
-		} else {
-			for _, h := range hs {
-				if !owned[h.id] && hb.held(h) { // an entry acked meanwhile is done, not lost
-					hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
-						slog.String("stream", stream), slog.String("id", h.id))
-					hb.metrics.heartbeat(stream, "lost", 1)
-					h.cancel(errLeaseLost)
-				}
-			}
-			hb.metrics.heartbeat(stream, "renewed", len(owned))
+		if stream != "" { // a ledger-only hold has no PEL entry: its ledger lease is all
+			hb.renewEntries(ctx, stream, hs)
 		}
 		for _, h := range hs {
 			if r := h.getLease(); r != nil && h.ctx.Err() == nil {
@@ -259,8 +250,38 @@ func (hb *heartbeat) beat(ctx context.Context) {
 	}
 }
 
-// stillOwned re-checks one entry just before a Stripe call.
+// renewEntries resets the idle time of one stream's held entries and
+// cancels the work of those no longer ours.
+func (hb *heartbeat) renewEntries(ctx context.Context, stream string, hs []*hold) {
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.id
+	}
+	owned, err := renew(ctx, hb.rdb, stream, hb.group, hb.name, ids)
+	if err != nil {
+		// Redis unreachable: we cannot tell; the ledger lease still
+		// protects the Stripe call, and the next beat tries again.
+		hb.logger.WarnContext(ctx, "heartbeat: renewing PEL entries failed", slog.String("stream", stream), slog.Any("error", err))
+		hb.metrics.heartbeat(stream, "error", len(ids))
+		return
+	}
+	for _, h := range hs {
+		if !owned[h.id] && hb.held(h) { // an entry acked meanwhile is done, not lost
+			hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
+				slog.String("stream", stream), slog.String("id", h.id))
+			hb.metrics.heartbeat(stream, "lost", 1)
+			h.cancel(errLeaseLost)
+		}
+	}
+	hb.metrics.heartbeat(stream, "renewed", len(owned))
+}
+
+// stillOwned re-checks one entry just before a Stripe call. A ledger-only
+// hold has no entry: its lease is fenced by the ledger alone.
 func (hb *heartbeat) stillOwned(ctx context.Context, h *hold) (bool, error) {
+	if h.ledgerOnly() {
+		return true, nil
+	}
 	owned, err := renew(ctx, hb.rdb, h.stream, hb.group, hb.name, []string{h.id})
 	if err != nil {
 		return false, err

@@ -41,12 +41,13 @@ type opts struct {
 	simNow     time.Time
 	noKeepAliv bool
 	retries    int64
+	webhook    stripesim.Webhook
 }
 
 func setup(t testing.TB, o opts) *bundle {
 	t.Helper()
 	pool, url := testenv.DBWithURL(t)
-	sim, err := stripesim.New(stripesim.Config{Now: o.simNow, Seed: 1})
+	sim, err := stripesim.New(stripesim.Config{Now: o.simNow, Seed: 1, Webhook: o.webhook})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -255,9 +255,10 @@ func TestReplayAfterRaisingTheCap(t *testing.T) {
 	if len(deadLetters(t, b)) != 0 {
 		t.Fatal("the replayed dead letter should be gone")
 	}
-	// The replayed entry carries the original payload only.
+	// The replayed entry carries the original payload and the replay marker only.
 	msgs, _ := b.rdb.XRange(ctx, b.stream, got[0].NewID, got[0].NewID).Result()
-	if len(msgs) != 1 || len(msgs[0].Values) != 1 || msgs[0].Values["payload"] != second.Payload() {
+	if len(msgs) != 1 || len(msgs[0].Values) != 2 || msgs[0].Values["payload"] != second.Payload() ||
+		msgs[0].Values[consumer.ReplayedFromField] != got[0].DeadID {
 		t.Fatalf("replayed fields %v", msgs)
 	}
 	if b.charges(first) != 1 || b.charges(second) != 1 || b.sim.ChargeCreates() != 2 {

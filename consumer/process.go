@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +32,12 @@ const (
 	OutcomeBusy          Outcome = "busy"        // another holder's live lease: left pending
 	OutcomeRetryLater    Outcome = "retry_later" // transient failure: left pending, lease released
 	OutcomeLeaseLost     Outcome = "lease_lost"  // our PEL entry or lease went to someone else
+	// OutcomeProcessing: money in motion (a bank debit's pending charge):
+	// the ledger follows it until Stripe says it is final.
+	OutcomeProcessing Outcome = "processing"
+	// OutcomeActionRequired: Stripe needs the customer; ledger
+	// action_required + dead letter: replay it once fixed.
+	OutcomeActionRequired Outcome = "action_required"
 )
 
 // Acked reports whether the entry was acknowledged.
@@ -38,10 +45,16 @@ func (o Outcome) Acked() bool {
 	return o != OutcomeBusy && o != OutcomeRetryLater && o != OutcomeLeaseLost
 }
 
-// Stripe is what the consumer needs of the Stripe adapter.
+// Stripe is what the consumer needs of the Stripe adapter (*stripeapi.Client).
 type Stripe interface {
 	Charge(ctx context.Context, req stripeapi.ChargeRequest) (stripeapi.Charge, error)
 	FindCharge(ctx context.Context, q stripeapi.ChargeQuery) (stripeapi.Charge, bool, error)
+	// GetCharge reads a processing row's pending charge (polling).
+	GetCharge(ctx context.Context, id string) (stripeapi.Charge, error)
+	// GetIntent and CancelIntent close an earlier attempt's intent before
+	// the next attempt is made.
+	GetIntent(ctx context.Context, id string) (stripeapi.Intent, error)
+	CancelIntent(ctx context.Context, id, idempotencyKey string) (stripeapi.Intent, error)
 }
 
 // Dead-letter reasons besides event.Reason*.
@@ -52,6 +65,9 @@ const (
 	ReasonStripePerm  = "stripe_permanent_error"
 	ReasonStripeKey   = "stripe_key_error" // 401/403: row left pending; replay once the key is fixed
 	ReasonMaxDelivery = "max_deliveries"
+	// ReasonActionRequired: Stripe needs the customer (authentication, a
+	// payment method); replaying it charges again under a new attempt's key.
+	ReasonActionRequired = "action_required"
 )
 
 // Processor handles single stream entries: the per-event algorithm of
@@ -107,7 +123,9 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 		span.AddEvent("ledger.reserved", trace.WithAttributes(attrDecision.String("batch")))
 		return p.charge(ctx, h, msg, ev, *pre, log)
 	}
-	claim, err := p.cfg.ledger.Reserve(ctx, p.reserveRequest(ev, msg.ID))
+	req := p.reserveRequest(ev, msg.ID)
+	req.Replay = IsReplay(msg)
+	claim, err := p.cfg.ledger.Reserve(ctx, req)
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
@@ -150,6 +168,14 @@ func (p *Processor) reserveRequest(ev event.Event, msgID string) ledger.ReserveR
 	}
 }
 
+// IsReplay reports whether a stream entry is a dead letter put back by
+// ReplayDeadLetters: the runbook's "fix, then replay", which charges a
+// reopenable row (failed, action_required) again.
+func IsReplay(msg redis.XMessage) bool {
+	_, ok := msg.Values[ReplayedFromField]
+	return ok
+}
+
 // charge makes (or finds) the Stripe charge for a row whose lease we hold,
 // records the outcome, then acks.
 // ctx is h.ctx with the event's span.
@@ -164,7 +190,10 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	if err != nil {
 		return p.release(ctx, rec, OutcomeRetryLater, err)
 	}
-	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || eventPastWindow(ev, now, p.cfg.SafeKeyWindow) {
+	if res, done, err := p.closePreviousAttempt(ctx, h, rec, log); done {
+		return res, err
+	}
+	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || (rec.Attempt == 1 && eventPastWindow(ev, now, p.cfg.SafeKeyWindow)) {
 		start := time.Now()
 		found, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
@@ -177,7 +206,7 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 				return res, err
 			}
 			log.InfoContext(ctx, "found the charge of an earlier attempt at Stripe", slog.String("charge_id", found.ID))
-			return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+			return p.recordFound(ctx, h, rec, found)
 		}
 	}
 
@@ -196,12 +225,15 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 
 	start := time.Now()
 	req := stripeapi.ChargeRequest{
-		IdempotencyKey:   rec.IdempotencyKey,
+		IdempotencyKey:   p.attemptKey(rec),
 		StripeCustomerID: rec.StripeCustomerID,
 		AmountCents:      rec.AmountCents,
 		Currency:         rec.Currency,
 		Description:      p.cfg.Description(ev),
 		Metadata:         stripeapi.PelguardMetadata(rec.CustomerID, rec.BillingPeriod, rec.IdempotencyKey),
+	}
+	if rec.Attempt > 1 {
+		req.Metadata[stripeapi.MetaAttempt] = strconv.Itoa(rec.Attempt)
 	}
 	if p.cfg.OmitChargeMetadata {
 		req.Metadata = nil
@@ -213,9 +245,11 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	}
 	switch {
 	case err == nil:
-		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch.ID}, OutcomeCharged)
+		return p.recordFound(ctx, h, rec, ch)
 	case errors.Is(err, stripeapi.ErrCardDeclined):
-		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error()}, OutcomeDeclined)
+		return p.declined(ctx, h, rec, err, log)
+	case errors.Is(err, stripeapi.ErrActionRequired):
+		return p.actionRequired(ctx, h, msg, rec, err)
 	case errors.Is(err, stripeapi.ErrTransient):
 		if cause := context.Cause(ctx); errors.Is(cause, errLeaseLost) {
 			return p.release(ctx, rec, OutcomeLeaseLost, nil)
@@ -240,10 +274,11 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 		// Invalid request: Stripe refused it outright, nothing was charged
 		// and retrying cannot help. Record it, park the event, tell a human.
 		p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
-		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error()}); ferr != nil || res == OutcomeLeaseLost {
+		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error(),
+			PaymentIntentID: stripeRef(err).PaymentIntentID}); ferr != nil || res == OutcomeLeaseLost {
 			return res, ferr
 		}
-		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
+		return p.park(ctx, h, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
 	}
 }
 
@@ -257,7 +292,7 @@ func (p *Processor) resolveMismatch(ctx context.Context, h *hold, rec ledger.Rec
 		}
 		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
 			slog.String("charge_id", found.ID))
-		return p.finish(ctx, h, rec, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: found.ID}, OutcomeCharged)
+		return p.recordFound(ctx, h, rec, found)
 	}
 	detail := "idempotency key reused with different parameters and no earlier charge found; it stays pending until the key expires at Stripe"
 	if err != nil {
@@ -336,8 +371,12 @@ func eventPastWindow(ev event.Event, now time.Time, window time.Duration) bool {
 	return !ev.OccurredAt.IsZero() && now.Sub(ev.OccurredAt) > window
 }
 
+// claimPastWindow: the current attempt's key may have been sent before
+// (this is a takeover within the attempt) longer ago than the safe window.
+// The window is measured per attempt: attempt n's key is new when attempt n
+// begins.
 func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) bool {
-	return rec.Attempts > 1 && now.Sub(rec.FirstAttemptAt) > window
+	return rec.TakenOverInAttempt() && now.Sub(rec.AttemptStartedAt) > window
 }
 
 // finish writes the terminal outcome (fenced), then acks: write-before-ack.
@@ -351,6 +390,9 @@ func (p *Processor) finish(ctx context.Context, h *hold, rec ledger.Record, o le
 		// Not recorded by us: no ack (invariant 3). The entry stays pending
 		// and the next delivery finds whatever the new holder recorded.
 		return res, err
+	}
+	if h.ledgerOnly() {
+		return out, nil // a ledger-driven retry: no stream entry to ack
 	}
 	return out, p.ack(ctx, h.stream, h.id)
 }

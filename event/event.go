@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -342,6 +343,18 @@ func truncate(s string) string {
 // namespace keeps environments (staging, production) from sharing keys.
 func IdempotencyKey(customerID, billingPeriod, namespace string) string {
 	sum := sha256.Sum256([]byte(customerID + ":" + billingPeriod + ":" + namespace))
+	return hex.EncodeToString(sum[:])[:32]
+}
+
+// AttemptKey is the idempotency key of attempt n of a key's charge:
+// attempt 1's is IdempotencyKey itself; attempt n >= 2's hashes the same
+// business fields, the namespace and n (invariant 4). A later attempt
+// exists only after Stripe's final failure of the one before was recorded.
+func AttemptKey(customerID, billingPeriod, namespace string, n int) string {
+	if n <= 1 {
+		return IdempotencyKey(customerID, billingPeriod, namespace)
+	}
+	sum := sha256.Sum256([]byte(customerID + ":" + billingPeriod + ":" + namespace + ":" + strconv.Itoa(n)))
 	return hex.EncodeToString(sum[:])[:32]
 }
 

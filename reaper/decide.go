@@ -122,7 +122,7 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 		// the team's own (a pending row); its consumer decides, not us.
 		v.Kind = KindLeaseLive
 		v.Reason = "the team's table has status " + string(rec.Status) + " without a charge; left to the team's consumer"
-	case hasRow && rec.Status.Terminal():
+	case hasRow && rec.Status.Terminal() && !reopens(*rec, in.Fields):
 		if rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents || rec.Currency != ev.Currency {
 			// A different charge for a billed customer and period: never
 			// charge it, never drop it silently either (invariant 2).
@@ -153,4 +153,12 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 func rowEvent(rec ledger.Record) event.Event {
 	return event.Event{CustomerID: rec.CustomerID, StripeCustomerID: rec.StripeCustomerID,
 		AmountCents: rec.AmountCents, BillingPeriod: rec.BillingPeriod, Currency: rec.Currency}
+}
+
+// reopens reports an entry that charges its row again: a replayed dead
+// letter of a row whose last attempt failed finally (the runbook's "fix,
+// then replay"). It is re-driven like a pending row, never acked unbilled.
+func reopens(rec ledger.Record, fields map[string]any) bool {
+	_, replay := fields[consumer.ReplayedFromField]
+	return replay && rec.Status.Reopenable()
 }

@@ -34,6 +34,11 @@ var (
 	ErrInvalidRequest = errors.New("stripe: invalid request")
 	// ErrAuthentication: the key is missing, invalid or revoked (401).
 	ErrAuthentication = errors.New("stripe: authentication failed")
+	// ErrActionRequired: Stripe needs the customer before it can charge
+	// (requires_action: off-session authentication; requires_payment_method:
+	// no usable payment method). Nothing was charged; Error.Message says
+	// what is needed, Error.PaymentIntentID names the intent.
+	ErrActionRequired = errors.New("stripe: customer action required")
 )
 
 // Error is the adapter's typed error: the kind (one of the Err* sentinels)
@@ -46,7 +51,11 @@ type Error struct {
 	DeclineCode string
 	RequestID   string
 	Message     string
-	Err         error
+	// PaymentIntentID and ChargeID name the intent and the (failed) charge
+	// Stripe's error carries, when it carries them.
+	PaymentIntentID string
+	ChargeID        string
+	Err             error
 }
 
 // Error renders the kind and the Stripe fields; it never includes the key.
@@ -133,9 +142,22 @@ func classify(err error) error {
 			DeclineCode: string(se.DeclineCode),
 			RequestID:   se.RequestID,
 			Message:     se.Msg,
+			ChargeID:    se.ChargeID,
 			Err:         se,
 		}
+		if se.PaymentIntent != nil {
+			out.PaymentIntentID = se.PaymentIntent.ID
+		}
 		switch {
+		case se.Code == stripe.ErrorCodeAuthenticationRequired || se.DeclineCode == stripe.DeclineCodeAuthenticationRequired:
+			// Off-session and the bank wants 3-D Secure: only the customer,
+			// on-session, can fix it; a retry of the same card fails the same.
+			out.Kind = ErrActionRequired
+			out.Message = "the customer must authenticate the payment (3-D Secure) on-session: " + se.Msg
+		case se.Code == stripe.ErrorCodePaymentIntentUnexpectedState && se.PaymentIntent != nil &&
+			se.PaymentIntent.Status == stripe.PaymentIntentStatusRequiresPaymentMethod:
+			out.Kind = ErrActionRequired
+			out.Message = "the customer has no usable payment method: " + se.Msg
 		case se.Type == stripe.ErrorTypeCard:
 			out.Kind = ErrCardDeclined
 		case se.Code == stripe.ErrorCodeIdempotencyKeyInUse, se.HTTPStatusCode == http.StatusConflict:
@@ -196,6 +218,54 @@ func classify(err error) error {
 	out := &Error{Kind: ErrTransient, Message: scrub(err.Error()), Err: err}
 	return out
 }
+
+// DeclineClass says what a retry of a declined card can do.
+type DeclineClass string
+
+// Decline classes.
+const (
+	// DeclineSoft: the issuer may accept a later attempt with the same card
+	// (insufficient funds, a temporary refusal).
+	DeclineSoft DeclineClass = "soft"
+	// DeclineHard: no retry of this card can succeed (lost, stolen,
+	// fraudulent, closed, invalid): the customer must bring another.
+	DeclineHard DeclineClass = "hard"
+)
+
+// softDeclines are Stripe's decline codes whose documented next step is
+// "retry later" or "the customer can try again" without a new card
+// (https://docs.stripe.com/declines/codes). Every other code, and a
+// decline without a code, is hard: a retry that card networks count as
+// excessive costs more than a late charge, so unknown means "do not retry".
+var softDeclines = map[string]bool{
+	"insufficient_funds": true, "do_not_honor": true, "try_again_later": true, "generic_decline": true,
+	"processing_error": true, "issuer_not_available": true, "reenter_transaction": true,
+	"approve_with_id": true, "card_velocity_exceeded": true, "withdrawal_count_limit_exceeded": true,
+}
+
+// ClassifyDecline is the class of a card decline_code.
+func ClassifyDecline(code string) DeclineClass {
+	if softDeclines[code] {
+		return DeclineSoft
+	}
+	return DeclineHard
+}
+
+// retryableDebitFailures are bank-debit failure codes a later
+// re-presentment can overcome: insufficient funds (ACH R01 / R09, SEPA
+// AM04). Closed or unknown accounts and debits the customer disputed as
+// unauthorised (R02, R03, R05, R07, R10, SEPA MD01/MD06) must never be
+// re-presented.
+var retryableDebitFailures = map[string]bool{"insufficient_funds": true}
+
+// MaxDebitRepresentments is how many times a failed debit may be presented
+// again: NACHA allows a returned R01/R09 entry to be re-initiated at most
+// twice (three presentments in all) within 180 days.
+const MaxDebitRepresentments = 2
+
+// DebitRetryable reports whether a failed bank debit with failure code
+// code may be presented again.
+func DebitRetryable(code string) bool { return retryableDebitFailures[code] }
 
 // ctxError reports the caller's own cancellation as a transient error that
 // wraps ctx.Err(), so both errors.Is(err, context.Canceled) and

@@ -43,7 +43,11 @@ type Charge struct {
 	Refunded            bool
 	// Disputed is Stripe's charge.disputed: a dispute was opened on it.
 	Disputed bool
-	Created  time.Time
+	// FailureCode and FailureMessage say why a failed charge failed (a
+	// returned bank debit: insufficient_funds, account_closed, …).
+	FailureCode    string
+	FailureMessage string
+	Created        time.Time
 	// Metadata is the charge's metadata or, for a charge of a PaymentIntent
 	// whose own metadata is empty, the intent's metadata (from expand).
 	Metadata map[string]string
@@ -159,12 +163,19 @@ func (c *Client) chargeViaIntent(ctx context.Context, req ChargeRequest) (Charge
 	}
 	ch := pi.LatestCharge
 	if ch == nil || ch.ID == "" {
-		// Off-session card confirmations either succeed with a charge or
-		// fail with a 402; an intent without a charge needs a human.
-		return Charge{}, &Error{
-			Kind:    ErrInvalidRequest,
-			Message: fmt.Sprintf("payment intent %s has status %q and no charge", pi.ID, pi.Status),
+		// An intent that needs the customer (requires_action for
+		// authentication, requires_payment_method) has no charge: nothing
+		// was charged and only the customer can fix it. Anything else
+		// without a charge needs a human.
+		e := &Error{Kind: ErrInvalidRequest, PaymentIntentID: pi.ID,
+			Message: fmt.Sprintf("payment intent %s has status %q and no charge", pi.ID, pi.Status)}
+		switch pi.Status {
+		case stripe.PaymentIntentStatusRequiresAction:
+			e.Kind, e.Message = ErrActionRequired, fmt.Sprintf("payment intent %s requires_action: the customer must authenticate the payment", pi.ID)
+		case stripe.PaymentIntentStatusRequiresPaymentMethod:
+			e.Kind, e.Message = ErrActionRequired, fmt.Sprintf("payment intent %s requires_payment_method: the customer must add or fix a payment method", pi.ID)
 		}
+		return Charge{}, e
 	}
 	if ch.Object == "" {
 		// Not expanded (a server that ignores expand): fetch it. A GET, so
@@ -203,7 +214,7 @@ func (c *Client) defaultPaymentMethod(ctx context.Context, customerID string) (s
 	if cust.DefaultSource != nil && cust.DefaultSource.ID != "" {
 		return cust.DefaultSource.ID, nil
 	}
-	return "", &Error{Kind: ErrInvalidRequest, Message: fmt.Sprintf("customer %s has no default payment method", customerID)}
+	return "", &Error{Kind: ErrActionRequired, Message: fmt.Sprintf("customer %s has no default payment method: the customer must add one", customerID)}
 }
 
 // ChargeQuery names the charge of one ledger key at one Stripe customer,
@@ -396,6 +407,8 @@ func toCharge(ch *stripe.Charge) Charge {
 		AmountRefundedCents: ch.AmountRefunded,
 		Refunded:            ch.Refunded,
 		Disputed:            ch.Disputed,
+		FailureCode:         ch.FailureCode,
+		FailureMessage:      ch.FailureMessage,
 		Created:             time.Unix(ch.Created, 0).UTC(),
 		Metadata:            ch.Metadata,
 	}

@@ -78,8 +78,8 @@ func TestStripeMockConformance(t *testing.T) {
 		// the lookup (GET /v1/customers/{id}) is accepted and the adapter
 		// refuses to create an intent that real Stripe would reject.
 		_, err := newClient(t, stripeapi.ModePaymentIntents, true).Charge(ctx, req)
-		if !errors.Is(err, stripeapi.ErrInvalidRequest) {
-			t.Fatalf("want ErrInvalidRequest (no default payment method), got %v", err)
+		if !errors.Is(err, stripeapi.ErrActionRequired) {
+			t.Fatalf("want ErrActionRequired (no default payment method: the customer must add one), got %v", err)
 		}
 	})
 
@@ -121,6 +121,30 @@ func TestStripeMockConformance(t *testing.T) {
 		}
 		if _, err := c.Refund(ctx, "ch_mock", 0, "refund-dup-ch_mock-full"); err != nil {
 			t.Fatalf("full Refund rejected by stripe-mock: %v", err)
+		}
+	})
+
+	t.Run("Intents", func(t *testing.T) {
+		t.Parallel()
+		// Closing an earlier attempt: GET /v1/payment_intents/{id} with
+		// expand[]=latest_charge and POST …/cancel with an idempotency key.
+		c := newClient(t, "", false)
+		it, err := c.GetIntent(ctx, "pi_mock")
+		if err != nil || it.ID == "" || it.Status == "" {
+			t.Fatalf("GetIntent: %+v %v", it, err)
+		}
+		it, err = c.CancelIntent(ctx, "pi_mock", "pelguard-cancel-pi_mock")
+		if err != nil || it.ID == "" || it.Status == "" {
+			t.Fatalf("CancelIntent rejected by stripe-mock: %+v %v", it, err)
+		}
+	})
+
+	t.Run("GetCharge", func(t *testing.T) {
+		t.Parallel()
+		// Polling a processing row's charge.
+		ch, err := newClient(t, "", false).GetCharge(ctx, "ch_mock")
+		if err != nil || ch.ID == "" || ch.Status == "" {
+			t.Fatalf("GetCharge: %+v %v", ch, err)
 		}
 	})
 

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Startup is how the consumer and the reaper come up: /metrics, /healthz
+// Startup is how the consumer, the reaper and the webhook receiver come up: /metrics, /healthz
 // and /readyz first (so a waiting pod is alive but not ready), then the
 // bounded wait for Redis and Postgres, then the checks that need them (the
 // ledger schema, the host clock against Postgres').
@@ -37,11 +37,11 @@ type Startup struct {
 // ended while waiting (SIGTERM), else what Fail returns.
 func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *Gate, code int, ok bool) {
 	started = &Gate{}
-	ops, err := ServeOps(s.MetricsAddr, s.Registry, []Check{
-		started.Check(),
-		{Name: "redis", Fn: func(ctx context.Context) error { return s.Redis.Ping(ctx).Err() }},
-		{Name: "postgres", Fn: s.Pool.Ping},
-	}, s.Logger)
+	checks := []Check{started.Check(), {Name: "postgres", Fn: s.Pool.Ping}}
+	if s.Redis != nil { // the webhook receiver has no Redis
+		checks = append(checks, Check{Name: "redis", Fn: func(ctx context.Context) error { return s.Redis.Ping(ctx).Err() }})
+	}
+	ops, err := ServeOps(s.MetricsAddr, s.Registry, checks, s.Logger)
 	if err != nil {
 		return nil, nil, Fail(stderr, s.Prog, err), false
 	}

@@ -31,6 +31,11 @@ const (
 	// what was billed, and charging it would break "one charge per customer
 	// per period": it goes to the dead-letter stream for a human.
 	Conflict
+	// Reopened: a replayed dead letter (or a due ledger retry) of a row
+	// whose last attempt failed finally at Stripe: the caller holds a new
+	// epoch of a pending row, the spend cap re-reserved, and charges under
+	// the row's Attempt key after cancelling the last attempt's intent.
+	Reopened
 )
 
 func (d Decision) String() string {
@@ -45,12 +50,14 @@ func (d Decision) String() string {
 		return "busy"
 	case Conflict:
 		return "conflict"
+	case Reopened:
+		return "reopened"
 	}
 	return fmt.Sprintf("decision(%d)", int(d))
 }
 
 // MayCharge reports whether the caller now holds the lease.
-func (d Decision) MayCharge() bool { return d == Acquired || d == TakenOver }
+func (d Decision) MayCharge() bool { return d == Acquired || d == TakenOver || d == Reopened }
 
 // Claim is Reserve's answer: the decision and the row as it now stands.
 type Claim struct {
@@ -66,6 +73,10 @@ type ReserveRequest struct {
 	Lease          time.Duration // how long the lease lasts without a heartbeat
 	MessageID      string        // stream entry id, for operators only
 	RequireCap     bool          // refuse periods without a spend cap
+	// Replay: the delivery is a replayed dead letter (the runbook's "fix,
+	// then replay"): a Reopenable row is charged again under its next
+	// attempt's key instead of being acked as done.
+	Replay bool
 }
 
 // Reserve is step 2 of DESIGN.md "Consumer, per event", in one transaction:
@@ -100,8 +111,8 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	rec, err := scanRecord(tx.QueryRow(ctx, `
 		INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
-			first_attempt_at, stream_message_id, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, 1, 1, $9, $10, $9, $9)
+			first_attempt_at, attempt_started_at, stream_message_id, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, 1, 1, $9, $9, $10, $9, $9)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordCols,
 		ev.CustomerID, ev.BillingPeriod, ev.StripeCustomerID, ev.AmountCents, ev.Currency,
@@ -138,6 +149,8 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 		// Checked before the terminal state: acking a different event as
 		// "already billed" would silently drop it.
 		return Claim{Decision: Conflict, Record: rec}, nil
+	case req.Replay && rec.Status.Reopenable():
+		return l.reopenTx(ctx, tx, rec, req.Owner, req.Lease, req.MessageID, req.RequireCap, now)
 	case rec.Status.Terminal():
 		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
 	case rec.LeaseLive(now):
@@ -206,9 +219,18 @@ func (l *Ledger) Extend(ctx context.Context, rec Record, lease time.Duration) er
 
 // Outcome is how a Stripe attempt ended.
 type Outcome struct {
-	Status   Status // charged, declined or failed
-	ChargeID string // required for charged
+	Status   Status // charged, processing, declined, failed or action_required
+	ChargeID string // required for charged and processing
 	Error    string // decline or failure reason, for operators
+	// PaymentIntentID is the attempt's intent, when Stripe made one.
+	PaymentIntentID string
+	// FailureCode is Stripe's decline_code or failure code.
+	FailureCode string
+	// RetryAt, for declined and failed: when the ledger re-drives the row
+	// under the next attempt's key. Zero: final, never retried by itself.
+	RetryAt time.Time
+	// PollAt, for processing: when the pending charge is first read again.
+	PollAt time.Time
 }
 
 // Finish records a terminal outcome, fenced by the caller's epoch, and
@@ -254,12 +276,17 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 			return Record{}, err
 		}
 		return r, nil
-	case StatusDeclined, StatusFailed:
+	case StatusProcessing:
+		return l.finishProcessing(ctx, rec, out, now)
+	case StatusDeclined, StatusFailed, StatusActionRequired:
 		return l.finishUncharged(ctx, rec, out, now)
 	}
 	return Record{}, fmt.Errorf("ledger: %q is not a terminal status", out.Status)
 }
 
+// finishUncharged records Stripe's final failure of the row's current
+// attempt: the only write that advances attempt (invariant 4), so the next
+// Stripe call for the key, by a retry or a replay, uses a new key.
 func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, now time.Time) (Record, error) {
 	var r Record
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
@@ -277,10 +304,13 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 		}
 		r, err = scanRecord(tx.QueryRow(ctx, `
 			UPDATE {schema}.billing_records SET status = $3, last_error = $4, cap_reserved_cents = 0,
-				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5, attempt = attempt + 1,
+				next_attempt_at = $6, payment_intent_id = coalesce(nullif($7, ''), payment_intent_id),
+				failure_code = nullif($8, '')
 			WHERE customer_id = $1 AND billing_period = $2
 			RETURNING `+recordCols,
-			rec.CustomerID, rec.BillingPeriod, string(out.Status), out.Error, now))
+			rec.CustomerID, rec.BillingPeriod, string(out.Status), out.Error, now,
+			nullTime(out.RetryAt), out.PaymentIntentID, out.FailureCode))
 		if err != nil {
 			return fmt.Errorf("recording %s on %s: %w", out.Status, rec.Key, err)
 		}

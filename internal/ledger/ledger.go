@@ -31,12 +31,27 @@ const (
 	StatusCharged  Status = "charged"
 	StatusDeclined Status = "declined"
 	StatusFailed   Status = "failed"
+	// StatusProcessing: money in motion. The attempt's PaymentIntent ended
+	// "processing" with a pending charge (a bank debit): not charged, not
+	// chargeable again, not missing. Polled (NextPollAt) and settled by
+	// webhooks until Stripe says it is final.
+	StatusProcessing Status = "processing"
+	// StatusActionRequired: Stripe needs the customer (authentication, a
+	// payment method). Nothing was charged; a replay of the dead letter
+	// charges again under the next attempt's key once it is fixed.
+	StatusActionRequired Status = "action_required"
 )
 
-// Terminal reports whether no further Stripe call may be made for the row.
-func (s Status) Terminal() bool {
-	return s == StatusCharged || s == StatusDeclined || s == StatusFailed
-}
+// Terminal reports whether a delivery of the event may not call Stripe for
+// the row: every state but pending. Declined, failed and action_required
+// rows are charged again only by the ledger (a due NextAttemptAt) or by a
+// replay of their dead letter (Reopenable), each under a new attempt's key.
+func (s Status) Terminal() bool { return s != StatusPending }
+
+// Reopenable reports whether a replay of the row's dead letter charges
+// again: the runbook's "fix, then replay" (a permanent Stripe error fixed at
+// Stripe, a customer who authenticated or added a payment method).
+func (s Status) Reopenable() bool { return s == StatusFailed || s == StatusActionRequired }
 
 // Key identifies a billing record: one charge per customer per period.
 type Key struct {
@@ -66,7 +81,30 @@ type Record struct {
 	ChargedAt        time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+
+	// Attempt is the attempt whose idempotency key the next Stripe call
+	// uses (AttemptKey): 1 until a final failure is recorded. Not Attempts,
+	// the takeover counter.
+	Attempt int
+	// AttemptStartedAt and AttemptEpoch are when and at which epoch the
+	// current attempt began: the safe key window is measured per attempt.
+	AttemptStartedAt time.Time
+	AttemptEpoch     int64
+	// NextAttemptAt: a retry the ledger drives (soft decline, retryable
+	// failed debit); zero when none is scheduled.
+	NextAttemptAt time.Time
+	// NextPollAt: when a processing row's charge is next read at Stripe.
+	NextPollAt time.Time
+	// PaymentIntentID is the latest attempt's intent (payment_intents mode).
+	PaymentIntentID string
+	// FailureCode is Stripe's decline or failure code of the latest attempt.
+	FailureCode string
 }
+
+// TakenOverInAttempt reports whether the current attempt's key may have
+// been sent to Stripe before this holder got the row (a takeover, not the
+// attempt's first holder).
+func (r Record) TakenOverInAttempt() bool { return r.Epoch > r.AttemptEpoch }
 
 // LeaseLive reports whether someone holds an unexpired lease at now.
 func (r Record) LeaseLive(now time.Time) bool {
@@ -137,27 +175,36 @@ func (l *Ledger) Pool() *pgxpool.Pool { return l.pool.Pool }
 const recordCols = `customer_id, billing_period, stripe_customer_id, amount_cents, currency,
 	idempotency_key, status, coalesce(charge_id, ''), coalesce(lease_owner, ''), lease_expires_at,
 	epoch, attempts, first_attempt_at, coalesce(last_error, ''), coalesce(stream_message_id, ''),
-	cap_reserved_cents, charged_at, created_at, updated_at`
+	cap_reserved_cents, charged_at, created_at, updated_at,
+	attempt, coalesce(attempt_started_at, first_attempt_at), attempt_epoch, next_attempt_at, next_poll_at,
+	coalesce(payment_intent_id, ''), coalesce(failure_code, '')`
 
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var status string
-	var leaseExp, chargedAt *time.Time
+	var leaseExp, chargedAt, nextAttempt, nextPoll *time.Time
 	err := row.Scan(&r.CustomerID, &r.BillingPeriod, &r.StripeCustomerID, &r.AmountCents, &r.Currency,
 		&r.IdempotencyKey, &status, &r.ChargeID, &r.LeaseOwner, &leaseExp,
 		&r.Epoch, &r.Attempts, &r.FirstAttemptAt, &r.LastError, &r.StreamMessageID,
-		&r.CapReservedCents, &chargedAt, &r.CreatedAt, &r.UpdatedAt)
+		&r.CapReservedCents, &chargedAt, &r.CreatedAt, &r.UpdatedAt,
+		&r.Attempt, &r.AttemptStartedAt, &r.AttemptEpoch, &nextAttempt, &nextPoll,
+		&r.PaymentIntentID, &r.FailureCode)
 	if err != nil {
 		return Record{}, err
 	}
 	r.Status = Status(status)
-	if leaseExp != nil {
-		r.LeaseExpiresAt = *leaseExp
-	}
-	if chargedAt != nil {
-		r.ChargedAt = *chargedAt
-	}
+	r.LeaseExpiresAt = deref(leaseExp)
+	r.ChargedAt = deref(chargedAt)
+	r.NextAttemptAt = deref(nextAttempt)
+	r.NextPollAt = deref(nextPoll)
 	return r, nil
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 // Get reads one record.

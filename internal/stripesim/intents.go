@@ -165,3 +165,33 @@ func (s *Server) getIntent(c *apiCall) response {
 	}
 	return jsonResp(out)
 }
+
+// cancelIntent serves POST /v1/payment_intents/{id}/cancel. As on Stripe, an
+// intent can be canceled while it waits for a payment method, a
+// confirmation or an action; a succeeded, processing or canceled one is
+// answered 400 payment_intent_unexpected_state with the intent in the
+// error. Canceling emits payment_intent.canceled.
+func (s *Server) cancelIntent(c *apiCall) response {
+	st := s.store
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	pi := st.intents[c.id]
+	if pi == nil {
+		return missing("payment_intent", "intent", c.id)
+	}
+	switch pi.status {
+	case "requires_payment_method", "requires_confirmation", "requires_action", "requires_capture":
+	default:
+		resp := errorResp(http.StatusBadRequest, stripeError{
+			Type: "invalid_request_error", Code: "payment_intent_unexpected_state",
+			Message: "You cannot cancel this PaymentIntent because it has a status of " + pi.status +
+				". Only a PaymentIntent with one of the following statuses may be canceled: requires_payment_method, requires_capture, requires_confirmation, requires_action, processing.",
+			PaymentIntent: pi.json(),
+		})
+		resp.cache = true
+		return resp
+	}
+	pi.status, pi.nextAction = "canceled", nil
+	s.emit("payment_intent.canceled", pi.id, pi.json(), pi.livemode, c)
+	return jsonResp(pi.json())
+}

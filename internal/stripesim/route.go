@@ -19,17 +19,18 @@ type routeInfo struct {
 }
 
 var routes = map[string]routeInfo{
-	"POST /v1/customers":           {perm: "customers_write", handle: (*Server).createCustomer},
-	"GET /v1/customers/{id}":       {perm: "customers_read", handle: (*Server).getCustomer},
-	"POST /v1/charges":             {perm: "charges_write", handle: (*Server).createCharge},
-	"GET /v1/charges":              {perm: "charges_read", list: true, handle: (*Server).listCharges},
-	"GET /v1/charges/{id}":         {perm: "charges_read", handle: (*Server).getCharge},
-	"POST /v1/payment_intents":     {perm: "payment_intents_write", handle: (*Server).createIntent},
-	"GET /v1/payment_intents/{id}": {perm: "payment_intents_read", handle: (*Server).getIntent},
-	"POST /v1/refunds":             {perm: "refunds_write", handle: (*Server).createRefund},
-	"GET /v1/refunds":              {perm: "refunds_read", list: true, handle: (*Server).listRefunds},
-	"GET /v1/refunds/{id}":         {perm: "refunds_read", handle: (*Server).getRefund},
-	"POST /v1/charges/{id}":        {perm: "charges_write", handle: (*Server).updateCharge},
+	"POST /v1/customers":                   {perm: "customers_write", handle: (*Server).createCustomer},
+	"GET /v1/customers/{id}":               {perm: "customers_read", handle: (*Server).getCustomer},
+	"POST /v1/charges":                     {perm: "charges_write", handle: (*Server).createCharge},
+	"GET /v1/charges":                      {perm: "charges_read", list: true, handle: (*Server).listCharges},
+	"GET /v1/charges/{id}":                 {perm: "charges_read", handle: (*Server).getCharge},
+	"POST /v1/payment_intents":             {perm: "payment_intents_write", handle: (*Server).createIntent},
+	"GET /v1/payment_intents/{id}":         {perm: "payment_intents_read", handle: (*Server).getIntent},
+	"POST /v1/payment_intents/{id}/cancel": {perm: "payment_intents_write", handle: (*Server).cancelIntent},
+	"POST /v1/refunds":                     {perm: "refunds_write", handle: (*Server).createRefund},
+	"GET /v1/refunds":                      {perm: "refunds_read", list: true, handle: (*Server).listRefunds},
+	"GET /v1/refunds/{id}":                 {perm: "refunds_read", handle: (*Server).getRefund},
+	"POST /v1/charges/{id}":                {perm: "charges_write", handle: (*Server).updateCharge},
 }
 
 func init() {
@@ -49,10 +50,16 @@ func route(method, path string) (routeInfo, string, bool) {
 	resource, id, hasID := strings.Cut(rest, "/")
 	pattern := method + " /v1/" + resource
 	if hasID {
-		if id == "" || strings.Contains(id, "/") {
+		id, action, hasAction := strings.Cut(id, "/")
+		if id == "" || (hasAction && (action == "" || strings.Contains(action, "/"))) {
 			return routeInfo{}, "", false
 		}
 		pattern += "/{id}"
+		if hasAction {
+			pattern += "/" + action
+		}
+		rt, ok := routes[pattern]
+		return rt, id, ok
 	}
 	rt, ok := routes[pattern]
 	return rt, id, ok

@@ -28,7 +28,13 @@ Stripe permissions (a restricted key, rk_live_…): PaymentIntents Write (Charge
 Customers Read (payment_intents mode on live Stripe: the default payment method). An unrestricted
 sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing permission: the
 event is dead-lettered (stripe_key_error; its ledger row stays pending: replay it once the key is
-fixed) and Slack is told once per permission.`
+fixed) and Slack is told once per permission.
+
+Money in motion: a bank debit that ends the create call "processing" is recorded processing and
+polled every --follow-up-every (with backoff) until Stripe says it succeeded or failed; a soft
+decline is retried --decline-retries times, --decline-retry-after apart, each under a new
+attempt's key; a charge that needs the customer (authentication, a payment method) is recorded
+action_required, alerted and dead-lettered: replay it once the customer has fixed it.`
 
 // RunOptions are the flags of `consumer run`.
 type RunOptions struct {
@@ -47,6 +53,8 @@ type RunOptions struct {
 	DeadLetterAlertInterval time.Duration
 	WaitForDeps             time.Duration
 	MaxDBConns              int
+	Retries                 Retries
+	FollowUpEvery           time.Duration
 	Log                     cli.Logging
 	Stripe                  cli.Stripe
 	Slack                   cli.Slack
@@ -70,6 +78,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
+	o.Retries.register(fs)
+	fs.DurationVar(&o.FollowUpEvery, "follow-up-every", consumer.DefaultFollowUpEvery,
+		"how often to poll processing bank debits and charge due retries from the ledger (0: off; some consumer must run it)")
 	o.Log.Register(fs)
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
@@ -93,6 +104,12 @@ func (o *RunOptions) Validate() error {
 	}
 	if err := o.Stripe.Validate(); err != nil {
 		return err
+	}
+	if err := o.Retries.validate(); err != nil {
+		return err
+	}
+	if o.FollowUpEvery < 0 {
+		return cli.Usagef("--follow-up-every %s must not be negative (0 turns it off)", o.FollowUpEvery)
 	}
 	if o.ShutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
@@ -198,7 +215,17 @@ func (o *RunOptions) config() consumer.Config {
 		Description: o.Description(),
 		Count:       o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
 		RequireCap: o.RequireCap, Rules: o.Rules(),
+		DeclineRetries: o.Retries.configValue(), DeclineRetryAfter: o.Retries.DeclineRetryAfter,
+		FollowUpEvery: followUpEvery(o.FollowUpEvery),
 	}
+}
+
+// followUpEvery maps the flag's 0 ("off") to the Config's negative.
+func followUpEvery(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func closeNotifier(n alerts.Notifier) {
