@@ -8,7 +8,7 @@
 -- The indexes serve the console's pages over large tables: findings by
 -- state, customer or period (newest first), the open findings' counts and
 -- amounts by kind, and the ledger's counts and amounts per billing period
--- and status. The two counting indexes carry amount_cents (INCLUDE), so the
+-- and status. The two counting indexes carry the amounts (INCLUDE), so the
 -- overview sums a period of 100,000 rows from the index alone instead of
 -- reading every heap page of the period. Unqualified names: migrations run
 -- with search_path set to pelguard's schema alone.
@@ -31,7 +31,7 @@ CREATE TABLE console_actions (
 CREATE INDEX audit_findings_state_id_idx ON audit_findings (state, id);
 CREATE INDEX audit_findings_customer_idx ON audit_findings (customer_id, billing_period, id);
 CREATE INDEX audit_findings_period_idx ON audit_findings (billing_period, id);
-CREATE INDEX billing_records_period_status_idx ON billing_records (billing_period, status) INCLUDE (amount_cents);
+CREATE INDEX billing_records_period_status_idx ON billing_records (billing_period, status) INCLUDE (currency, amount_cents);
 CREATE INDEX audit_findings_open_kind_idx ON audit_findings (kind, currency) INCLUDE (amount_cents) WHERE state = 'open';
 
 -- +goose Down

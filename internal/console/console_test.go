@@ -29,6 +29,11 @@ func TestPagesRenderTheSeededRows(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Money in motion (migration 00008): a declined row the ledger retries.
+	if _, err := b.pool.Exec(ctx, `UPDATE {schema}.billing_records SET attempt = 2, next_attempt_at = $1, failure_code = 'insufficient_funds'
+		WHERE customer_id = 'c2'`, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.ledger.SetCap(ctx, testPeriod, 100_000); err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +82,12 @@ func TestPagesRenderTheSeededRows(t *testing.T) {
 	for _, want := range []string{"charged", canon, id, "pending at w1", "duplicate_charge"} {
 		if !strings.Contains(cust, want) {
 			t.Errorf("customer page lacks %q", want)
+		}
+	}
+	motion := c.mustGet("/customer?customer=c2&period=" + testPeriod)
+	for _, want := range []string{"declined", "attempt 2", "next attempt 2026-12-01 13:00:00Z", "insufficient_funds"} {
+		if !strings.Contains(motion, want) {
+			t.Errorf("customer page of a retried decline lacks %q", want)
 		}
 	}
 	dead := c.mustGet("/dead?stream=" + url.QueryEscape(b.stream))

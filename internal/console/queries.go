@@ -19,8 +19,9 @@ import (
 // statusCount is one ledger status of a period. The status is the row's
 // text: a state added later (processing, action_required) shows as it is.
 type statusCount struct {
-	Status string
-	N      int64
+	Status   string
+	Currency string
+	N        int64
 	Cents  int64
 }
 
@@ -41,8 +42,8 @@ func periods(ctx context.Context, db pg.DB, n int) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-const qOutcomes = `SELECT status, count(*), coalesce(sum(amount_cents), 0)::bigint FROM {schema}.billing_records
-	WHERE billing_period = $1 GROUP BY status ORDER BY count(*) DESC`
+const qOutcomes = `SELECT status, currency, count(*), coalesce(sum(amount_cents), 0)::bigint FROM {schema}.billing_records
+	WHERE billing_period = $1 GROUP BY status, currency ORDER BY count(*) DESC`
 
 func outcomes(ctx context.Context, db pg.DB, period string) ([]statusCount, error) {
 	rows, err := db.Query(ctx, qOutcomes, period)
@@ -217,10 +218,12 @@ func getFinding(ctx context.Context, db pg.DB, id int64) (findingRow, error) {
 	return f, err
 }
 
-// ledgerRow is one billing_records row. Extra holds every column the
-// console does not name (to_jsonb of the row), so columns a later
-// migration adds — attempt, next_attempt_at, payment_intent_id — show
-// without a change here.
+// ledgerRow is one billing_records row, with the money-in-motion columns
+// of migration 00008 (attempt: the attempt whose key the next Stripe call
+// uses; next_attempt_at: a retry the ledger drives; next_poll_at: a
+// processing debit's next look). Extra holds every column the console does
+// not name (to_jsonb of the row), so a column a later migration adds shows
+// without a change here; the status is the row's text for the same reason.
 type ledgerRow struct {
 	CustomerID, BillingPeriod, StripeCust string
 	AmountCents                           int64
@@ -234,17 +237,22 @@ type ledgerRow struct {
 	Reserved                              int64
 	ChargedAt                             *time.Time
 	Created, Updated                      time.Time
+	Attempt                               int
+	NextAttempt, NextPoll                 *time.Time
+	PaymentIntent, FailureCode            string
 	Extra                                 map[string]any
 }
 
 var ledgerNamed = []string{"customer_id", "billing_period", "stripe_customer_id", "amount_cents", "currency",
 	"idempotency_key", "status", "charge_id", "lease_owner", "lease_expires_at", "epoch", "attempts",
-	"first_attempt_at", "last_error", "stream_message_id", "cap_reserved_cents", "charged_at", "created_at", "updated_at"}
+	"first_attempt_at", "last_error", "stream_message_id", "cap_reserved_cents", "charged_at", "created_at", "updated_at",
+	"attempt", "next_attempt_at", "next_poll_at", "payment_intent_id", "failure_code"}
 
 const ledgerCols = `b.customer_id, b.billing_period, b.stripe_customer_id, b.amount_cents, b.currency, b.idempotency_key,
 	b.status, coalesce(b.charge_id, ''), coalesce(b.lease_owner, ''), b.lease_expires_at, b.epoch, b.attempts,
 	b.first_attempt_at, coalesce(b.last_error, ''), coalesce(b.stream_message_id, ''), b.cap_reserved_cents,
-	b.charged_at, b.created_at, b.updated_at, to_jsonb(b) - $3::text[]`
+	b.charged_at, b.created_at, b.updated_at, b.attempt, b.next_attempt_at, b.next_poll_at,
+	coalesce(b.payment_intent_id, ''), coalesce(b.failure_code, ''), to_jsonb(b) - $3::text[]`
 
 const qLedgerRow = `SELECT ` + ledgerCols + ` FROM {schema}.billing_records b WHERE b.customer_id = $1 AND b.billing_period = $2`
 
