@@ -22,7 +22,7 @@ type statusCount struct {
 	Status   string
 	Currency string
 	N        int64
-	Cents  int64
+	Cents    int64
 }
 
 // qPeriods lists the latest billing periods without reading every row: a
