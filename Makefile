@@ -34,7 +34,7 @@ tools: ## Install stripe-mock (Stripe's official request-shape checker) if missi
 build: ## Build every binary into bin/
 	$(GO) build -o bin/ ./cmd/...
 
-install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor
+install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor, -console
 	@mkdir -p "$(DESTDIR)$(PREFIX)/bin"
 	@for b in $(ROLES); do \
 		echo "installing $(DESTDIR)$(PREFIX)/bin/pelguard-$$b"; \
