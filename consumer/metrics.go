@@ -21,7 +21,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_consumer_events_total",
-			Help: "Events handled, by outcome (charged, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost).",
+			Help: "Events handled, by outcome (charged, processing, action_required, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost); ledger-driven retries under stream=\"(ledger)\".",
 		}, []string{"stream", "outcome"}),
 		stripe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pelguard_consumer_stripe_seconds",
@@ -54,7 +54,7 @@ func (m *Metrics) startStream(stream string) {
 		return
 	}
 	for _, o := range []Outcome{OutcomeCharged, OutcomeAlreadyBilled, OutcomeDeclined, OutcomeFailed, OutcomeDeadLetter,
-		OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater, OutcomeLeaseLost} {
+		OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater, OutcomeLeaseLost, OutcomeProcessing, OutcomeActionRequired} {
 		m.events.WithLabelValues(stream, string(o))
 	}
 	for _, r := range []string{"renewed", "lost", "error"} {

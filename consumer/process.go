@@ -264,7 +264,7 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 		// (deduplicated), not one per customer.
 		p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
 		p.releaseQuiet(ctx, rec, err)
-		return p.deadLetter(ctx, h.stream, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
+		return p.park(ctx, h, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
 	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
 		// The key was first used with other parameters (a changed default
 		// payment method, a config change between attempts). That first use

@@ -94,6 +94,22 @@ func TestDecideEntry(t *testing.T) {
 		{name: "already billed: declined is terminal too",
 			in:   in(canonical, row(ledger.StatusDeclined, nil), 1),
 			want: verdict{Kind: KindAlreadyBilled, Key: "c_1/2026-11", Reason: string(ledger.StatusDeclined)}},
+		{name: "already billed: processing (money in motion) is not redelivered",
+			in:   in(canonical, row(ledger.StatusProcessing, nil), 1),
+			want: verdict{Kind: KindAlreadyBilled, Key: "c_1/2026-11", Reason: string(ledger.StatusProcessing)}},
+		{name: "already billed: a plain redelivery of an action_required row",
+			in:   in(canonical, row(ledger.StatusActionRequired, nil), 1),
+			want: verdict{Kind: KindAlreadyBilled, Key: "c_1/2026-11", Reason: string(ledger.StatusActionRequired)}},
+		{name: "claim: a replayed dead letter of an action_required row charges its next attempt",
+			in: with(in(canonical, row(ledger.StatusActionRequired, nil), 1), func(d *decideInput) {
+				d.Fields[consumer.ReplayedFromField] = "1699999999999-0"
+			}),
+			want: verdict{Kind: KindClaim, Key: "c_1/2026-11"}},
+		{name: "already billed: a replayed dead letter of a charged row",
+			in: with(in(canonical, row(ledger.StatusCharged, nil), 1), func(d *decideInput) {
+				d.Fields[consumer.ReplayedFromField] = "1699999999999-0"
+			}),
+			want: verdict{Kind: KindAlreadyBilled, Key: "c_1/2026-11", Reason: string(ledger.StatusCharged)}},
 		{name: "already billed wins over max deliveries",
 			in:   in(canonical, row(ledger.StatusCharged, nil), 99),
 			want: verdict{Kind: KindAlreadyBilled, Key: "c_1/2026-11", Reason: string(ledger.StatusCharged)}},

@@ -84,6 +84,11 @@ type Config struct {
 	RateLimit float64
 	// Burst is the limiter's burst; default max(1, ceil(RateLimit)).
 	Burst int
+	// Limiter, when set, paces every attempt instead of RateLimit: a limit
+	// shared with other processes (package stripelimit shares the account's
+	// rate through Redis). It is told about every 429, so it can slow the
+	// fleet. Setting both Limiter and RateLimit is an error.
+	Limiter Limiter
 	// ResolvePaymentMethod makes Charge (payment_intents mode) look up the
 	// customer's invoice_settings.default_payment_method (or default_source)
 	// and pass it to the intent: one extra GET per charge. Real Stripe needs
@@ -98,6 +103,30 @@ type Config struct {
 	// classified error, so callers can feed metrics without this package
 	// depending on Prometheus.
 	Observe func(op string, d time.Duration, err error)
+}
+
+// Limiter paces Stripe requests beyond this process: Wait is called before
+// every HTTP attempt (stripe-go's retries and every list page included) with
+// the attempt's endpoint (see Endpoint), RateLimited after every 429.
+type Limiter interface {
+	// Wait blocks until one request to endpoint may be sent; it returns
+	// ctx's error if ctx ends first.
+	Wait(ctx context.Context, endpoint string) error
+	// RateLimited reports a 429 from Stripe for endpoint.
+	RateLimited(ctx context.Context, endpoint string)
+}
+
+// Endpoint names a request the way Stripe counts its per-endpoint limits:
+// the method and the path with object ids replaced ("GET /v1/charges/{id}"),
+// so every charge's GET counts against one endpoint.
+func Endpoint(method, path string) string {
+	segs := strings.Split(strings.Trim(path, "/"), "/")
+	for i := 2; i < len(segs); i += 2 {
+		if segs[i] != "search" {
+			segs[i] = "{id}"
+		}
+	}
+	return method + " /" + strings.Join(segs, "/")
 }
 
 // Client is safe for concurrent use; share one per process so the rate
@@ -156,6 +185,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Burst < 0 {
 		return nil, fmt.Errorf("stripeapi: negative Burst %d", cfg.Burst)
 	}
+	if cfg.Limiter != nil && cfg.RateLimit > 0 {
+		return nil, errors.New("stripeapi: both Limiter and RateLimit set: the Limiter paces every request; drop RateLimit")
+	}
 
 	c := &Client{
 		mode:      cfg.Mode,
@@ -171,7 +203,7 @@ func New(cfg Config) (*Client, error) {
 		c.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), burst)
 	}
 
-	httpClient := buildHTTPClient(cfg.HTTPClient, cfg.Timeout, c.limiter)
+	httpClient := buildHTTPClient(cfg.HTTPClient, cfg.Timeout, c.limiter, cfg.Limiter)
 	var leveled stripe.LeveledLoggerInterface = &stripe.LeveledLogger{Level: stripe.LevelNull}
 	if cfg.Logger != nil {
 		leveled = &slogLeveled{l: cfg.Logger, key: cfg.APIKey}
@@ -196,7 +228,7 @@ func New(cfg Config) (*Client, error) {
 // buildHTTPClient returns a client whose transport applies the shared rate
 // limit to every attempt and records each response status, without
 // modifying the caller's client.
-func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Limiter) *http.Client {
+func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Limiter, shared Limiter) *http.Client {
 	var hc http.Client
 	var rt http.RoundTripper
 	if base != nil {
@@ -214,7 +246,7 @@ func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Lim
 	if hc.Timeout == 0 {
 		hc.Timeout = timeout
 	}
-	hc.Transport = &transport{next: rt, limiter: limiter}
+	hc.Transport = &transport{next: rt, limiter: limiter, shared: shared}
 	return &hc
 }
 
@@ -229,11 +261,18 @@ type statusBox struct{ status int }
 type transport struct {
 	next    http.RoundTripper
 	limiter *rate.Limiter
+	shared  Limiter
 }
 
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.limiter != nil {
-		if err := t.limiter.Wait(req.Context()); err != nil {
+	var endpoint string
+	if t.limiter != nil || t.shared != nil {
+		wait := t.limiter.Wait
+		if t.shared != nil {
+			endpoint = Endpoint(req.Method, req.URL.Path)
+			wait = func(ctx context.Context) error { return t.shared.Wait(ctx, endpoint) }
+		}
+		if err := wait(req.Context()); err != nil {
 			if req.Body != nil {
 				_ = req.Body.Close()
 			}
@@ -244,6 +283,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resp != nil {
 		if box, ok := req.Context().Value(statusKey{}).(*statusBox); ok {
 			box.status = resp.StatusCode
+		}
+		if resp.StatusCode == http.StatusTooManyRequests && t.shared != nil {
+			t.shared.RateLimited(req.Context(), endpoint)
 		}
 	}
 	return resp, err

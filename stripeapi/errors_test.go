@@ -207,3 +207,25 @@ func mustNew(t *testing.T, cfg stripeapi.Config) *stripeapi.Client {
 	}
 	return c
 }
+
+// Decline classes: the emulator's soft codes are soft, its hard ones and
+// unknown codes hard; only insufficient_funds re-presents a bank debit.
+func TestDeclineClasses(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]stripeapi.DeclineClass{
+		"insufficient_funds": stripeapi.DeclineSoft, "do_not_honor": stripeapi.DeclineSoft,
+		"try_again_later": stripeapi.DeclineSoft, "generic_decline": stripeapi.DeclineSoft,
+		"stolen_card": stripeapi.DeclineHard, "lost_card": stripeapi.DeclineHard, "fraudulent": stripeapi.DeclineHard,
+		"pickup_card": stripeapi.DeclineHard, "expired_card": stripeapi.DeclineHard, "": stripeapi.DeclineHard,
+		"a_code_stripe_adds_next_year": stripeapi.DeclineHard,
+	} {
+		if got := stripeapi.ClassifyDecline(code); got != want {
+			t.Errorf("%q: %s, want %s", code, got, want)
+		}
+	}
+	for code, want := range map[string]bool{"insufficient_funds": true, "account_closed": false, "no_account": false, "debit_not_authorized": false} {
+		if stripeapi.DebitRetryable(code) != want {
+			t.Errorf("debit %q retryable = %v", code, !want)
+		}
+	}
+}

@@ -6,10 +6,14 @@
 //     (an unknown or duplicate field is an error), the kustomization builds
 //     with kustomize's own library and lists every manifest, and every pod
 //     passes Pod Security "restricted" (k8s.io/pod-security-admission's
-//     evaluator, latest version).
+//     evaluator, latest version), alone and with every optional component
+//     (podmonitor/, webhook/ with its Ingress example). The webhook
+//     endpoint holds no Stripe key and no Redis URL, and its Service and
+//     Ingress expose exactly /stripe/webhook, never the metrics.
 //   - systemd: `systemd-analyze security --offline` rates each unit <= 3.0,
 //     `systemd-analyze verify` finds nothing, the sysusers.d file creates
-//     the user, the start order survives a late Postgres.
+//     the user, the start order survives a late Postgres, the webhook unit
+//     reads neither the Stripe key nor the Redis URL.
 //   - Prometheus: `promtool check rules` and `promtool test rules`, a unit
 //     test for every alert, dashboard queries that parse and do not depend
 //     on the job label.

@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,6 +42,7 @@ var strictDecoder = func() runtime.Decoder {
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(appsv1.AddToScheme(s))
 	utilruntime.Must(batchv1.AddToScheme(s))
+	utilruntime.Must(networkingv1.AddToScheme(s))
 	utilruntime.Must(monitoringv1.AddToScheme(s))
 	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
 }()
@@ -135,7 +137,9 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 
 // The default kustomization lists every manifest of deploy/kubernetes but
 // the *.example.yaml ones (never applied: example values must not overwrite
-// a real Secret); each subdirectory is an optional kustomize Component.
+// a real Secret); each subdirectory is an optional kustomize Component that
+// lists every manifest of its own but its examples (the Ingress: a host to
+// fill in).
 func TestKustomizationListsEveryManifest(t *testing.T) {
 	t.Parallel()
 	k := readKustomization(t, filepath.Join(kubeDir, "kustomization.yaml"))
@@ -154,6 +158,17 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 			for _, r := range c.Resources {
 				if _, err := os.Stat(filepath.Join(kubeDir, name, r)); err != nil {
 					t.Errorf("%s lists %s: %v", name, r, err)
+				}
+			}
+			files, _ := filepath.Glob(filepath.Join(kubeDir, name, "*.yaml"))
+			for _, f := range files {
+				base := filepath.Base(f)
+				switch listed := slices.Contains(c.Resources, base); {
+				case base == "kustomization.yaml":
+				case strings.HasSuffix(base, ".example.yaml") && listed:
+					t.Errorf("%s/kustomization.yaml applies the example %s", name, base)
+				case !strings.HasSuffix(base, ".example.yaml") && !listed:
+					t.Errorf("%s/kustomization.yaml does not list %s", name, base)
 				}
 			}
 		case name == "kustomization.yaml" || !strings.HasSuffix(name, ".yaml"):
@@ -195,6 +210,51 @@ func build(t *testing.T, dir string) []runtime.Object {
 	return out
 }
 
+// components are the optional kustomize Components, each a subdirectory of
+// deploy/kubernetes.
+var components = []string{"podmonitor", "webhook"}
+
+// overlay writes an overlay of the base with the given components, as the
+// comments in their kustomization.yaml tell an operator to, plus copies of
+// extra files (the examples an operator copies into the overlay and lists
+// in its resources), and returns its directory.
+func overlay(t *testing.T, comps []string, extra ...string) string {
+	t.Helper()
+	base, err := filepath.Abs(kubeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rel := func(p string) string {
+		r, err := filepath.Rel(dir, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	var k strings.Builder
+	fmt.Fprintf(&k, "resources:\n  - %s\n", rel(base))
+	for _, f := range extra {
+		b, err := os.ReadFile(filepath.Join(kubeDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Base(f)
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&k, "  - %s\n", name)
+	}
+	k.WriteString("components:\n")
+	for _, c := range comps {
+		fmt.Fprintf(&k, "  - %s\n", rel(filepath.Join(base, c)))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // podTemplate is the pod a workload runs, or nil for other kinds.
 func podTemplate(obj runtime.Object) (string, *corev1.PodTemplateSpec) {
 	switch o := obj.(type) {
@@ -228,14 +288,34 @@ func restricted(tmpl *corev1.PodTemplateSpec) string {
 	return agg.ForbiddenDetail()
 }
 
-// `kubectl apply -k deploy/kubernetes`, rendered offline: the Namespace
+// `kubectl apply -k deploy/kubernetes`, rendered offline, alone and in an
+// overlay with every optional component and example: the Namespace
 // enforces Pod Security "restricted" and every pod passes it; beyond it,
 // read-only root filesystems, no service account token, the release image
 // (not :latest) running a shipped binary, resource requests, and env taken
 // only from the pelguard ConfigMap and keys the example Secret has.
 func TestKustomizeBuildIsRestricted(t *testing.T) {
 	t.Parallel()
-	objs := build(t, kubeDir)
+	for _, tc := range []struct {
+		name      string
+		dir       func(*testing.T) string
+		workloads int
+	}{
+		{"base", func(*testing.T) string { return kubeDir }, 4},
+		{"every component", func(t *testing.T) string { return overlay(t, components, "webhook/ingress.example.yaml") }, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			checkRestricted(t, build(t, tc.dir(t)), tc.workloads)
+		})
+	}
+}
+
+// checkRestricted is TestKustomizeBuildIsRestricted's check of one build,
+// which must run at least want workloads (the base: the migrate Job and
+// three Deployments; the webhook adds one).
+func checkRestricted(t *testing.T, objs []runtime.Object, want int) {
+	t.Helper()
 	tag := releaseTag(t)
 	secretKeys := exampleSecretKeys(t)
 	configMaps := map[string]bool{}
@@ -288,8 +368,8 @@ func TestKustomizeBuildIsRestricted(t *testing.T) {
 			checkEnv(t, where, c, configMaps, secretKeys)
 		}
 	}
-	if workloads < 4 {
-		t.Errorf("%d workloads in the build, want the migrate Job and three Deployments", workloads)
+	if workloads < want {
+		t.Errorf("%d workloads in the build, want at least %d", workloads, want)
 	}
 	// The evaluator is wired: the same pods with privilege escalation
 	// allowed are rejected.
@@ -353,28 +433,13 @@ func checkEnv(t *testing.T, where string, c corev1.Container, configMaps, secret
 	}
 }
 
-// The optional PodMonitor composes with the base (an overlay with the
-// component builds), and scrapes a port every Deployment exposes, on pods
-// it selects; the prometheus.io annotations name the same port.
+// The optional PodMonitor composes with the base and the webhook component
+// (an overlay with both builds), and scrapes a port every Deployment
+// exposes, the webhook's included, on pods it selects; the prometheus.io
+// annotations name the same port.
 func TestPodMonitorComponent(t *testing.T) {
 	t.Parallel()
-	base, err := filepath.Abs(kubeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	overlay := t.TempDir()
-	rel := func(p string) string {
-		r, err := filepath.Rel(overlay, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	k := fmt.Sprintf("resources:\n  - %s\ncomponents:\n  - %s\n", rel(base), rel(filepath.Join(base, "podmonitor")))
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	objs := build(t, overlay)
+	objs := build(t, overlay(t, components))
 	var pm *monitoringv1.PodMonitor
 	for _, obj := range objs {
 		if o, ok := obj.(*monitoringv1.PodMonitor); ok {
@@ -413,7 +478,7 @@ func TestPodMonitorComponent(t *testing.T) {
 			t.Errorf("Deployment %s: prometheus.io annotations %v, want scrape on %d /metrics", d.Name, a, number)
 		}
 	}
-	if deployments != 3 {
-		t.Errorf("%d Deployments in the overlay", deployments)
+	if deployments != 4 {
+		t.Errorf("%d Deployments in the overlay, want the consumer, reaper, auditor and webhook", deployments)
 	}
 }

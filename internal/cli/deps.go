@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +19,7 @@ import (
 	"github.com/pelguard/pelguard/internal/tracing"
 	"github.com/pelguard/pelguard/migrations"
 	"github.com/pelguard/pelguard/stripeapi"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 // Default service URLs when neither flag nor environment names one.
@@ -149,8 +152,16 @@ type Stripe struct {
 	Mode                 string
 	MaxRetries           int
 	Timeout              time.Duration
-	RateLimit            float64
 	AllowUnrestrictedKey bool
+
+	// The account's rate limit, shared by the fleet (package stripelimit).
+	Account      string
+	RateLimit    float64 // --stripe-rate: the account's requests/s, 0: none
+	FallbackRate float64
+	RedriveFloor float64
+	AuditFloor   float64
+	EndpointRate float64
+	Backoff      time.Duration
 }
 
 // Register adds the Stripe flags.
@@ -160,8 +171,32 @@ func (s *Stripe) Register(fs *flag.FlagSet) {
 	fs.StringVar(&s.Mode, "stripe-mode", Env("STRIPE_MODE", "payment_intents"), "how charges are made: payment_intents or charges [STRIPE_MODE]")
 	fs.IntVar(&s.MaxRetries, "stripe-retries", EnvInt("STRIPE_MAX_RETRIES", 2), "stripe-go's own retries per call (same idempotency key)")
 	fs.DurationVar(&s.Timeout, "stripe-timeout", EnvDuration("STRIPE_TIMEOUT", 30*time.Second), "timeout of each Stripe HTTP attempt")
-	fs.Float64Var(&s.RateLimit, "stripe-rate", 0, "Stripe requests per second shared by the whole process (0: no client-side limit; Stripe allows 100/s live)")
 	fs.BoolVar(&s.AllowUnrestrictedKey, "allow-unrestricted-key", false, "accept an unrestricted live key (sk_live_); use a restricted rk_ key instead")
+	s.registerRate(fs)
+}
+
+func (s *Stripe) registerRate(fs *flag.FlagSet) {
+	fs.StringVar(&s.Account, "stripe-account", Env("PELGUARD_STRIPE_ACCOUNT", stripelimit.DefaultAccount),
+		"name of the Stripe account whose rate limit the fleet shares in Redis (the account id, acct_…, is a good one; never the key). The same on every consumer, reaper and auditor of the account [PELGUARD_STRIPE_ACCOUNT]")
+	fs.Float64Var(&s.RateLimit, "stripe-rate", envFloat("PELGUARD_STRIPE_RATE", 0),
+		"the Stripe ACCOUNT's requests per second, shared by every pelguard process on the same Redis: billing first, then re-drives, then the auditor (0: no client-side limit; Stripe allows 100/s live, 25/s in a sandbox) [PELGUARD_STRIPE_RATE]")
+	fs.Float64Var(&s.FallbackRate, "stripe-fallback-rate", envFloat("PELGUARD_STRIPE_FALLBACK_RATE", 0),
+		"this process's own requests per second while Redis is unreachable (and the auditor's without REDIS_URL); 0: --stripe-rate/4. Size it as --stripe-rate ÷ processes [PELGUARD_STRIPE_FALLBACK_RATE]")
+	fs.Float64Var(&s.RedriveFloor, "stripe-redrive-floor", stripelimit.DefaultRedriveFloor,
+		"fraction of --stripe-rate reserved for the reaper's re-drives, so billing cannot starve them (lent to the others while idle); the same on every process")
+	fs.Float64Var(&s.AuditFloor, "stripe-audit-floor", stripelimit.DefaultAuditFloor,
+		"fraction of --stripe-rate reserved for the auditor's reads (lent to the others while idle); the same on every process")
+	fs.Float64Var(&s.EndpointRate, "stripe-endpoint-rate", envFloat("PELGUARD_STRIPE_ENDPOINT_RATE", 0),
+		"requests per second per Stripe endpoint (e.g. POST /v1/charges) across the fleet, on top of --stripe-rate; Stripe documents 25/s per endpoint unless raised for the account (0: none) [PELGUARD_STRIPE_ENDPOINT_RATE]")
+	fs.DurationVar(&s.Backoff, "stripe-429-backoff", stripelimit.DefaultBackoff,
+		"after a 429 from Stripe, every process of the fleet pauses this long (0: no pause)")
+}
+
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
+		return v
+	}
+	return def
 }
 
 // Validate checks the flags without building a client.
@@ -173,22 +208,100 @@ func (s *Stripe) Validate() error {
 		return Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:
 		return Usagef("--stripe-retries %d: want 0 to 10", s.MaxRetries)
+	}
+	return s.validateRate()
+}
+
+func (s *Stripe) validateRate() error {
+	switch {
 	case s.RateLimit < 0:
 		return Usagef("--stripe-rate must not be negative")
+	case s.RateLimit == 0 && (s.FallbackRate != 0 || s.EndpointRate != 0):
+		return Usagef("--stripe-fallback-rate and --stripe-endpoint-rate refine --stripe-rate: set --stripe-rate (the account's requests per second) too")
+	case s.RateLimit == 0:
+		return nil
+	case s.FallbackRate < 0 || s.FallbackRate > s.RateLimit:
+		return Usagef("--stripe-fallback-rate %v: want 0 (--stripe-rate/4) up to --stripe-rate %v; --stripe-rate ÷ processes keeps the fleet within the account's limit while Redis is down", s.FallbackRate, s.RateLimit)
+	case s.RedriveFloor < 0 || s.AuditFloor < 0 || s.RedriveFloor+s.AuditFloor >= 0.9:
+		return Usagef("--stripe-redrive-floor %v and --stripe-audit-floor %v: fractions of --stripe-rate, each at least 0 and together below 0.9 (defaults %v and %v)",
+			s.RedriveFloor, s.AuditFloor, stripelimit.DefaultRedriveFloor, stripelimit.DefaultAuditFloor)
+	case s.EndpointRate < 0:
+		return Usagef("--stripe-endpoint-rate must not be negative (0: no per-endpoint limit)")
+	case s.Backoff < 0 || s.Backoff > time.Minute:
+		return Usagef("--stripe-429-backoff %s: want 0 (no pause) up to 1m", s.Backoff)
+	}
+	if err := (s.limiterConfig(Share{})).Validate(); err != nil {
+		return Usagef("--stripe-account/--stripe-rate: %v", err)
 	}
 	return nil
 }
 
-// Client validates the flags and builds the adapter.
-func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error)) (*stripeapi.Client, error) {
+// Share says who shares the account's rate limit: this process's role, the
+// fleet's Redis (nil: this process alone, at --stripe-fallback-rate) and
+// where the limiter's series go (nil: nowhere).
+type Share struct {
+	Role       stripelimit.Role
+	Redis      redis.UniversalClient
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+func (s *Stripe) limiterConfig(sh Share) stripelimit.Config {
+	orNone := func(f float64) float64 {
+		if f == 0 {
+			return -1 // the flag's 0 reserves nothing; the library's 0 means its default
+		}
+		return f
+	}
+	backoff := s.Backoff
+	if backoff == 0 {
+		backoff = -1
+	}
+	return stripelimit.Config{Account: s.Account, Role: sh.Role, Rate: s.RateLimit, Redis: sh.Redis,
+		FallbackRate: s.FallbackRate, RedriveFloor: orNone(s.RedriveFloor), AuditFloor: orNone(s.AuditFloor),
+		EndpointRate: s.EndpointRate, Backoff: backoff, Logger: sh.Logger, Registerer: sh.Registerer}
+}
+
+// Limiter builds the account's shared limiter for sh, or nil without
+// --stripe-rate.
+func (s *Stripe) Limiter(sh Share) (stripeapi.Limiter, error) {
+	if err := s.validateRate(); err != nil {
+		return nil, err
+	}
+	if s.RateLimit == 0 {
+		return nil, nil
+	}
+	l, err := stripelimit.New(s.limiterConfig(sh))
+	if err != nil {
+		return nil, Usagef("%v", err)
+	}
+	return l, nil
+}
+
+// Config is the stripeapi.Config the flags make, with lim pacing it.
+func (s *Stripe) Config(lim stripeapi.Limiter) stripeapi.Config {
+	return stripeapi.Config{
+		APIKey: s.APIKey, AllowUnrestrictedKey: s.AllowUnrestrictedKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
+		MaxNetworkRetries: stripeapi.RetriesFromFlag(s.MaxRetries), Timeout: s.Timeout, Limiter: lim,
+	}
+}
+
+// Client validates the flags and builds the adapter, paced by the account's
+// limiter shared as sh says.
+func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration, error), sh Share) (*stripeapi.Client, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	c, err := stripeapi.New(stripeapi.Config{
-		APIKey: s.APIKey, AllowUnrestrictedKey: s.AllowUnrestrictedKey, BaseURL: s.APIBase, Mode: stripeapi.Mode(s.Mode),
-		MaxNetworkRetries: stripeapi.RetriesFromFlag(s.MaxRetries), Timeout: s.Timeout, RateLimit: s.RateLimit,
-		Logger: logger, Observe: observe,
-	})
+	if sh.Logger == nil {
+		sh.Logger = logger
+	}
+	lim, err := s.Limiter(sh)
+	if err != nil {
+		return nil, err
+	}
+	cfg := s.Config(lim)
+	cfg.Logger, cfg.Observe = logger, observe
+	c, err := stripeapi.New(cfg)
 	if err != nil {
 		return nil, Usagef("Stripe configuration: %v", redact.Error(err))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/importer"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 const importHelp = `Brings what your existing consumer already billed into pelguard's ledger, before pelguard
@@ -69,7 +70,7 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	if err != nil {
 		return Fail(stderr, name, err)
 	}
-	sc, err := stripe.Client(logger, nil)
+	sc, err := stripe.Client(logger, nil, Share{Role: stripelimit.RoleAudit}) // one-off: this process alone, at --stripe-fallback-rate
 	if err != nil {
 		return Fail(stderr, name, err)
 	}

@@ -54,20 +54,27 @@ func dashboardMetrics(t *testing.T) []string {
 	return out
 }
 
-// ruleMetrics are the metrics deploy/prometheus/pelguard-rules.yaml names.
+// ruleMetrics are the metrics the rule files of deploy/prometheus
+// (pelguard-rules.yaml, pelguard-webhook-rules.yaml) name.
 func ruleMetrics(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(deployDir, "prometheus", "pelguard-rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	files, _ := filepath.Glob(filepath.Join(deployDir, "prometheus", "*-rules.yaml"))
+	if len(files) < 2 {
+		t.Fatalf("rule files: %v", files)
 	}
 	var out []string
 	expr := regexp.MustCompile(`(?m)^\s*expr:((?: \|\n(?:\s{10,}.*\n)+)|.*)`)
 	name := regexp.MustCompile(`\bpelguard_[a-z0-9_]+`)
-	for _, e := range expr.FindAllStringSubmatch(string(b), -1) {
-		for _, m := range name.FindAllString(e[1], -1) {
-			if !slices.Contains(out, m) {
-				out = append(out, m)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range expr.FindAllStringSubmatch(string(b), -1) {
+			for _, m := range name.FindAllString(e[1], -1) {
+				if !slices.Contains(out, m) {
+					out = append(out, m)
+				}
 			}
 		}
 	}
@@ -159,7 +166,23 @@ func TestDashboardMetricsExist(t *testing.T) {
 			strings.Contains(scrape["consumer"], `pelguard_consumer_events_total{outcome="dead_letter",stream="`+stream+`"} 1`)
 	}, "consumer did its work again")
 
+	// The optional Stripe webhook receiver (pelguard-consumer webhook),
+	// scraped on its own ops listener: it needs Postgres and the signing
+	// secret, no Stripe key and no Redis.
+	hook := startBin(t, "consumer", append(baseEnv("DATABASE_URL="+dbURL), "PELGUARD_STRIPE_WEBHOOK_SECRET="+webhookSecret),
+		"webhook", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0")
+	haddr := hook.addr()
+	testenv.Eventually(t, 30*time.Second, func() bool { code, _ := get(t, "http://"+haddr+"/readyz"); return code == 200 },
+		"the webhook receiver is ready")
+	_, scrape["webhook"] = get(t, "http://"+haddr+"/metrics")
+
 	for _, m := range append(dashboardMetrics(t), ruleMetrics(t)...) {
+		if strings.HasPrefix(m, "pelguard_webhook_") {
+			if !hasSeries(scrape["webhook"], m) {
+				t.Errorf("metric %s (dashboard or alert rules) is not on the webhook receiver's /metrics:\n%s", m, grepLines(scrape["webhook"], "pelguard_webhook"))
+			}
+			continue
+		}
 		owners := []string{"consumer", "reaper", "auditor"}
 		for _, b := range owners {
 			if strings.HasPrefix(m, "pelguard_"+b+"_") {
@@ -176,7 +199,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// pelguard_build_info (the reaper re-drives through the consumer's code
 	// and exports its series as well).
 	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"},
-		"auditor": {"auditor", "alerts", "build"}}
+		"auditor": {"auditor", "alerts", "build"}, "webhook": {"webhook", "alerts", "build"}}
 	// Every binary says which build it is, in its role.
 	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)
 	for bin, body := range scrape {

@@ -51,6 +51,7 @@ const (
 	slackBotToken  = "xoxb-111111111111-222222222222-" + marker + "bot05"
 	dbPassword     = marker + "dbpw06"
 	redisPassword  = marker + "redispw07"
+	webhookSecret  = "whsec_" + marker + "hook08"
 	deadProxy      = "http://127.0.0.1:1" // Slack posts fail at once instead of leaving the machine
 	unreachableDB  = "postgres://billing:" + dbPassword + "@127.0.0.1:1/billing?sslmode=disable&connect_timeout=2"
 	unreachableRDS = "redis://:" + redisPassword + "@127.0.0.1:1/0"

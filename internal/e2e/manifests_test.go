@@ -184,7 +184,8 @@ func TestSystemdUnits(t *testing.T) {
 				continue
 			}
 			n++
-			checkCommand(t, f, splitUnitArgs(v))
+			argv := splitUnitArgs(v)
+			checkCommand(t, f, argv)
 		}
 		if n != 1 {
 			t.Errorf("%s: %d ExecStart lines", f, n)

@@ -74,6 +74,17 @@ func (l *Ledger) reopenTx(ctx context.Context, tx pgx.Tx, rec Record, owner stri
 	return Claim{Decision: Reopened, Record: r}, nil
 }
 
+// LedgerDriven is the stream_message_id of a row a ledger retry holds: no
+// stream entry will come back for it, so when its holder released it (a
+// transient Stripe error) or died, TakeDue takes it over as a delivery
+// would, with the same attempt's key and the same safe-window rule.
+const LedgerDriven = "ledger"
+
+// ReleasedRetryDelay is how long a ledger-driven row released after a
+// transient failure waits before TakeDue takes it again (a delivery-driven
+// one waits for the reaper's min-idle the same way).
+const ReleasedRetryDelay = time.Minute
+
 // DueRetry is TakeDue's answer.
 type DueRetry struct {
 	Claim Claim
@@ -83,19 +94,24 @@ type DueRetry struct {
 	Record Record // the row as it was, for CapErr's alert
 }
 
-// TakeDue takes the lease on one row whose ledger retry is due (a soft
-// decline or a retryable failed debit, NextAttemptAt <= now), reopening it
-// for its next attempt; ok is false when none is due. Rows another taker
-// is deciding are skipped, never waited for. When the spend cap forbids the
-// retry, the row's retry moves backoff later and DueRetry.CapErr says why.
+// TakeDue takes the lease on one row the ledger must drive: a row whose
+// retry is due (a soft decline or a retryable failed debit, NextAttemptAt
+// <= now), reopened for its next attempt; or a ledger-driven row left
+// pending without a live lease (its retry failed transiently, or its
+// holder died), taken over within its attempt. ok is false when there is
+// none. Rows another taker is deciding are skipped, never waited for. When
+// the spend cap forbids a retry, it moves backoff later and
+// DueRetry.CapErr says why.
 func (l *Ledger) TakeDue(ctx context.Context, owner string, lease, backoff time.Duration, requireCap bool) (DueRetry, bool, error) {
 	now := l.clock.Now()
 	var out DueRetry
 	found := false
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 		rec, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
-			WHERE next_attempt_at <= $1 AND status IN ('declined', 'failed', 'action_required')
-			ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED`, now))
+			WHERE (next_attempt_at <= $1 AND status IN ('declined', 'failed', 'action_required'))
+				OR (status = 'pending' AND stream_message_id = $2
+					AND (lease_expires_at <= $1 OR (lease_expires_at IS NULL AND updated_at <= $3)))
+			ORDER BY coalesce(next_attempt_at, updated_at) LIMIT 1 FOR UPDATE SKIP LOCKED`, now, LedgerDriven, now.Add(-ReleasedRetryDelay)))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -104,7 +120,16 @@ func (l *Ledger) TakeDue(ctx context.Context, owner string, lease, backoff time.
 		}
 		found = true
 		out.Record = rec
-		claim, err := l.reopenTx(ctx, tx, rec, owner, lease, "", requireCap, now)
+		if rec.Status == StatusPending {
+			r, err := scanRecord(tx.QueryRow(ctx, `
+				UPDATE {schema}.billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
+					lease_expires_at = $4, updated_at = $5
+				WHERE customer_id = $1 AND billing_period = $2
+				RETURNING `+recordCols, rec.CustomerID, rec.BillingPeriod, owner, now.Add(lease), now))
+			out.Claim = Claim{Decision: TakenOver, Record: r}
+			return err
+		}
+		claim, err := l.reopenTx(ctx, tx, rec, owner, lease, LedgerDriven, requireCap, now)
 		if errors.Is(err, ErrSpendCap) || errors.Is(err, ErrNoCap) {
 			out.CapErr = err
 			_, uerr := tx.Exec(ctx, `UPDATE {schema}.billing_records SET next_attempt_at = $3, updated_at = $4

@@ -260,3 +260,32 @@ func TestSeededPendingDebitSettles(t *testing.T) {
 		t.Fatalf("settled seeded debit: %v", err)
 	}
 }
+
+// Cancel: an intent waiting for the customer (or a payment method) can be
+// cancelled, once; a succeeded or processing one answers 400
+// payment_intent_unexpected_state with the intent, as Stripe does.
+func TestCancelIntent(t *testing.T) {
+	t.Parallel()
+	_, sc := setup(t, Config{Faults: Faults{DebitCustomers: []string{"cus_ach"}, DeclineCodes: map[string]string{"cus_broke": "insufficient_funds"}}})
+	_, err := sc.PaymentIntents.New(offSessionIntent("cus_broke", 100, "k-decl"))
+	var se *stripe.Error
+	if !errors.As(err, &se) || se.PaymentIntent == nil {
+		t.Fatalf("decline: %v", err)
+	}
+	pi, err := sc.PaymentIntents.Cancel(se.PaymentIntent.ID, nil)
+	if err != nil || pi.Status != stripe.PaymentIntentStatusCanceled {
+		t.Fatalf("cancel a declined intent: %+v %v", pi, err)
+	}
+	_, err = sc.PaymentIntents.Cancel(pi.ID, nil)
+	if !errors.As(err, &se) || se.Code != stripe.ErrorCodePaymentIntentUnexpectedState || se.PaymentIntent.Status != stripe.PaymentIntentStatusCanceled {
+		t.Fatalf("cancel twice: %v", err)
+	}
+	debit, err := sc.PaymentIntents.New(offSessionIntent("cus_ach", 100, "k-ach"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sc.PaymentIntents.Cancel(debit.ID, nil)
+	if !errors.As(err, &se) || se.PaymentIntent.Status != stripe.PaymentIntentStatusProcessing {
+		t.Fatalf("cancel a processing debit: %v", err)
+	}
+}

@@ -181,7 +181,12 @@ func everyEvent(t *testing.T) []Event {
 	_, _ = sc.PaymentIntents.New(offSessionIntent("cus_broke", 100, "k-3"))
 	p := offSessionIntent("cus_3ds", 100, "k-4")
 	p.OffSession = nil
-	if _, err := sc.PaymentIntents.New(p); err != nil {
+	waiting, err := sc.PaymentIntents.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next attempt cancels an intent still waiting for the customer.
+	if _, err := sc.PaymentIntents.Cancel(waiting.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := srv.RefundByHand(ok.LatestCharge.ID, 50); err != nil {
@@ -196,7 +201,7 @@ func everyEvent(t *testing.T) []Event {
 		types = append(types, e.Type)
 	}
 	for _, want := range []string{"payment_intent.succeeded", "payment_intent.processing", "payment_intent.payment_failed",
-		"payment_intent.requires_action", "charge.succeeded", "charge.pending", "charge.failed", "charge.refunded",
+		"payment_intent.requires_action", "payment_intent.canceled", "charge.succeeded", "charge.pending", "charge.failed", "charge.refunded",
 		"charge.dispute.created"} {
 		if !slices.Contains(types, want) {
 			t.Fatalf("no %s event among %v", want, types)

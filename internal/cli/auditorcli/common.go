@@ -14,7 +14,7 @@ import (
 
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
-	"github.com/pelguard/pelguard/stripeapi"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 // commonOptions are the flags every command shares.
@@ -47,8 +47,12 @@ func (o *commonOptions) store(ctx context.Context, stderr io.Writer) (*audit.Sto
 // auditOptions are the flags that build an Auditor (run and refund).
 type auditOptions struct {
 	commonOptions
-	Stripe cli.Stripe
-	Slack  cli.Slack
+	// RedisURL is optional: with it the auditor's Stripe reads share the
+	// account's rate with the consumers and the reaper (last, above its
+	// floor); without it they keep to --stripe-fallback-rate alone.
+	RedisURL string
+	Stripe   cli.Stripe
+	Slack    cli.Slack
 	// Config holds the flags that map onto audit.Config directly; build
 	// adds the pool, the logger, the Stripe settings and the notifier.
 	Config audit.Config
@@ -56,6 +60,8 @@ type auditOptions struct {
 
 func (o *auditOptions) register(fs *flag.FlagSet) {
 	o.commonOptions.register(fs)
+	fs.StringVar(&o.RedisURL, "redis-url", cli.Env("REDIS_URL", ""),
+		"optional: the fleet's Redis, to share --stripe-rate with the consumers and the reaper (empty: this process alone at --stripe-fallback-rate; Redis down: the same, with a warning) [REDIS_URL]")
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
 	fs.IntVar(&o.Config.MaxRefunds, "max-refunds", audit.DefaultMaxRefunds, "most refunds one refund run (or --auto-refund) makes")
@@ -96,22 +102,35 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 	// The shared helper checks the key (no unrestricted live key unless
 	// allowed) and the mode; the auditor then builds its own client from
 	// the same settings so it can count list pages.
-	if _, err := o.Stripe.Client(logger, nil); err != nil {
+	if _, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleAudit}); err != nil {
 		return nil, err
 	}
 	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
 		return nil, err
 	}
-	pool, dep, err := cli.NewDB(o.DatabaseURL, int32(max(4, o.Config.Parallel+4)))
+	share := cli.Share{Role: stripelimit.RoleAudit, Registerer: reg, Logger: logger}
+	closeRedis := func() {}
+	if o.RedisURL != "" && o.Stripe.RateLimit > 0 {
+		rdb, _, err := cli.NewRedis(o.RedisURL) // never waited for: Redis is optional here
+		if err != nil {
+			return nil, err
+		}
+		share.Redis, closeRedis = rdb, func() { _ = rdb.Close() }
+	}
+	lim, err := o.Stripe.Limiter(share)
 	if err != nil {
+		closeRedis()
 		return nil, err
 	}
-	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, close: pool.Close}
+	pool, dep, err := cli.NewDB(o.DatabaseURL, int32(max(4, o.Config.Parallel+4)))
+	if err != nil {
+		closeRedis()
+		return nil, err
+	}
+	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, close: func() { pool.Close(); closeRedis() }}
 	cfg := o.Config
 	cfg.DB, cfg.Schema, cfg.Logger = pool, o.Schema, logger
-	cfg.Stripe = stripeapi.Config{APIKey: o.Stripe.APIKey, AllowUnrestrictedKey: o.Stripe.AllowUnrestrictedKey,
-		BaseURL: o.Stripe.APIBase, Mode: stripeapi.Mode(o.Stripe.Mode), MaxNetworkRetries: stripeapi.RetriesFromFlag(o.Stripe.MaxRetries),
-		Timeout: o.Stripe.Timeout, RateLimit: o.Stripe.RateLimit}
+	cfg.Stripe = o.Stripe.Config(lim)
 	if notify {
 		n, err := o.Slack.Notifier(logger, reg)
 		if err != nil {
@@ -124,6 +143,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 			defer cancel()
 			_ = n.Close(cctx)
 			pool.Close()
+			closeRedis()
 		}
 	}
 	if b.Auditor, err = audit.New(cfg); err != nil {

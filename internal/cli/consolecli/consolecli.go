@@ -24,7 +24,7 @@ import (
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/console"
-	"github.com/pelguard/pelguard/stripeapi"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 const prog = "console"
@@ -252,15 +252,20 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	}()
 	cfg.Notifier = n
 	if o.Stripe.APIKey != "" {
-		if cfg.Stripe, err = o.Stripe.Client(logger, nil); err != nil {
+		// The console's re-reads and refunds are paced like the auditor's
+		// (--stripe-rate, shared through Redis with every process of the role).
+		share := cli.Share{Role: stripelimit.RoleAudit, Redis: rdb, Logger: logger}
+		if cfg.Stripe, err = o.Stripe.Client(logger, nil, share); err != nil {
+			return err
+		}
+		lim, err := o.Stripe.Limiter(share)
+		if err != nil {
 			return err
 		}
 		cfg.TestMode = strings.Contains(o.Stripe.APIKey, "_test_")
 		cfg.Auditor, err = audit.New(audit.Config{DB: pool, Schema: o.Schema, Logger: logger, Notifier: n,
 			MaxRefunds24h: o.MaxRefunds24h, MaxCents24h: o.MaxCents24h, MaxCents: o.MaxRefundCents,
-			Stripe: stripeapi.Config{APIKey: o.Stripe.APIKey, AllowUnrestrictedKey: o.Stripe.AllowUnrestrictedKey,
-				BaseURL: o.Stripe.APIBase, Mode: stripeapi.Mode(o.Stripe.Mode), MaxNetworkRetries: stripeapi.RetriesFromFlag(o.Stripe.MaxRetries),
-				Timeout: o.Stripe.Timeout, RateLimit: o.Stripe.RateLimit}})
+			Stripe: o.Stripe.Config(lim)})
 		if err != nil {
 			return cli.Usagef("%v", err)
 		}

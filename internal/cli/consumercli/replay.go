@@ -13,8 +13,11 @@ import (
 
 const replayDescription = `Puts dead letters back on the stream with their original fields, oldest first, and removes
 them from <stream>:dead: for events parked as spend_cap or no_spend_cap (after raising or
-setting the cap) or stripe_key_error (after fixing the key). The ledger makes a replay safe:
-an event already billed is acked without a second charge.`
+setting the cap), stripe_key_error (after fixing the key), action_required (once the customer
+authenticated or added a payment method) or stripe_permanent_error (once fixed at Stripe). Each
+replayed entry carries replayed_from=<dead letter id>: for an action_required or failed row that
+is what charges again, under the next attempt's key. The ledger makes a replay safe: an event
+already billed is acked without a second charge.`
 
 // ReplayOptions are the flags of `consumer replay`.
 type ReplayOptions struct {

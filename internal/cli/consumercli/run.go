@@ -9,6 +9,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 const runDescription = `Reads billing events from a Redis Stream consumer group and charges each customer once per
@@ -149,10 +150,6 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	defer stopTracing()
 	reg := cli.NewRegistry(prog)
 	metrics := consumer.NewMetrics(reg)
-	sc, err := o.Stripe.Client(logger, nil)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
 	notifier, err := o.Slack.Notifier(logger, reg)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
@@ -166,6 +163,10 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
+	sc, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleBilling, Redis: rdb, Registerer: reg})
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, len(o.streams)*o.Workers*2+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)

@@ -112,7 +112,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, name, err)
 	}
-	reg := cli.NewRegistry(prog + "-webhook")
+	reg := cli.NewRegistry("webhook")
 	notifier, err := o.Slack.Notifier(logger, reg)
 	if err != nil {
 		return cli.Fail(stderr, name, err)

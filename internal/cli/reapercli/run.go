@@ -12,6 +12,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/stripelimit"
 )
 
 const runDescription = `Recovers entries that dead consumers left in a billing stream's pending entries list, without
@@ -184,14 +185,6 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	defer stopTracing()
 	reg := cli.NewRegistry(prog)
-	var sc consumer.Stripe
-	if !o.DryRun {
-		c, err := o.Stripe.Client(logger, nil)
-		if err != nil {
-			return cli.Fail(stderr, prog, err)
-		}
-		sc = c
-	}
 	notifier, err := o.Slack.Notifier(logger, reg)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
@@ -203,6 +196,14 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rdb.Close()
+	var sc consumer.Stripe
+	if !o.DryRun {
+		c, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleRedrive, Redis: rdb, Registerer: reg})
+		if err != nil {
+			return cli.Fail(stderr, prog, err)
+		}
+		sc = c
+	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, o.Workers+o.PageWorkers*len(o.streams)+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
