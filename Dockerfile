@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# pelguard's image: the consumer, the reaper and the auditor as static
-# binaries named pelguard-consumer, pelguard-reaper, pelguard-auditor in
+# pelguard's image: the consumer, the reaper, the auditor and the console as static
+# binaries named pelguard-consumer, pelguard-reaper, pelguard-auditor,
+# pelguard-console in
 # /usr/local/bin, on distroless static, running as a numeric non-root user.
 #   make image VERSION=1.2.3        (docker, podman or buildah)
 # The manifests in deploy/kubernetes pick the binary with `command:`.
@@ -17,7 +18,7 @@ COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    for b in consumer reaper auditor; do \
+    for b in consumer reaper auditor console; do \
       CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
         -ldflags "-s -w -X github.com/pelguard/pelguard/internal/version.Version=${VERSION}" \
         -o /out/pelguard-$b ./cmd/$b || exit 1; \

@@ -7,7 +7,7 @@ BENCHTIME ?= 1x
 BENCHCOUNT ?= 5
 # Installed and shipped names: `go install ./cmd/...` gives consumer, reaper,
 # auditor; `make install` and the image give pelguard-consumer, ….
-ROLES     := consumer reaper auditor
+ROLES     := consumer reaper auditor console
 PREFIX    ?= /usr/local
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/pelguard/pelguard/internal/version.Version=$(VERSION)
@@ -34,7 +34,7 @@ tools: ## Install stripe-mock (Stripe's official request-shape checker) if missi
 build: ## Build every binary into bin/
 	$(GO) build -o bin/ ./cmd/...
 
-install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor
+install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor, -console
 	@mkdir -p "$(DESTDIR)$(PREFIX)/bin"
 	@for b in $(ROLES); do \
 		echo "installing $(DESTDIR)$(PREFIX)/bin/pelguard-$$b"; \

@@ -20,7 +20,7 @@ import (
 const repoRoot = "../.."
 
 // imageBinaries are the files the image has in /usr/local/bin.
-var imageBinaries = []string{"pelguard-auditor", "pelguard-consumer", "pelguard-reaper"}
+var imageBinaries = []string{"pelguard-auditor", "pelguard-console", "pelguard-consumer", "pelguard-reaper"}
 
 type instruction struct {
 	cmd  string // upper case: FROM, RUN, …

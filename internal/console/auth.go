@@ -1,0 +1,340 @@
+package console
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// LoadUsers reads a users file: one `name:hash` a line, the hash bcrypt's
+// ($2a$, $2b$, $2y$: what `htpasswd -nB name` prints); # starts a comment.
+// A name may hold letters, digits and . _ @ -: it is what every recorded
+// action says.
+func LoadUsers(r io.Reader) (map[string][]byte, error) {
+	users := map[string][]byte{}
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, hash, ok := strings.Cut(line, ":")
+		if !ok || !validUser(name) {
+			return nil, fmt.Errorf("users file line %d: want name:bcrypt-hash with a name of letters, digits and . _ @ -", n)
+		}
+		if _, err := bcrypt.Cost([]byte(hash)); err != nil {
+			return nil, fmt.Errorf("users file line %d (%s): not a bcrypt hash (make one with `htpasswd -nB %s`)", n, name, name)
+		}
+		if _, dup := users[name]; dup {
+			return nil, fmt.Errorf("users file line %d: %s is listed twice", n, name)
+		}
+		users[name] = []byte(hash)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading the users file: %w", err)
+	}
+	if len(users) == 0 {
+		return nil, errors.New("the users file lists nobody")
+	}
+	return users, nil
+}
+
+func validUser(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._@-", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+const sessionCookie = "pelguard_console"
+
+type session struct {
+	user    string
+	csrf    string
+	expires time.Time
+}
+
+// authenticator knows who a request is from. Sessions live in memory: a
+// restart logs everyone out, which costs a login, not money.
+type authenticator struct {
+	cfg Config
+	key []byte // signs action tokens and proxy users' CSRF tokens
+	// dummy is compared against for unknown users, so a login takes as long
+	// whether or not the name exists.
+	dummy []byte
+
+	mu       sync.Mutex
+	sessions map[string]session
+}
+
+func newAuthenticator(cfg Config) (*authenticator, error) {
+	a := &authenticator{cfg: cfg, key: make([]byte, 32), sessions: map[string]session{}}
+	if _, err := rand.Read(a.key); err != nil {
+		return nil, err
+	}
+	var err error
+	if a.dummy, err = bcrypt.GenerateFromPassword([]byte("no such user"), bcrypt.DefaultCost); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// identity is who a request is from, and the CSRF token its forms carry.
+type identity struct {
+	User string
+	CSRF string
+}
+
+type ctxKey struct{}
+
+func who(r *http.Request) identity { id, _ := r.Context().Value(ctxKey{}).(identity); return id }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (a *authenticator) mac(parts ...string) string {
+	m := hmac.New(sha256.New, a.key)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// errNotTrusted: a proxy-user request that did not come from a trusted
+// proxy.
+var errNotTrusted = errors.New("the request did not come through a trusted proxy")
+
+// identify returns the request's identity; ok false means nobody (log in).
+func (a *authenticator) identify(r *http.Request, now time.Time) (identity, bool, error) {
+	if a.cfg.ProxyUserHeader != "" {
+		if !a.trusted(r.RemoteAddr) {
+			return identity{}, false, errNotTrusted
+		}
+		user := strings.TrimSpace(r.Header.Get(a.cfg.ProxyUserHeader))
+		if !validUser(user) {
+			return identity{}, false, nil
+		}
+		return identity{User: user, CSRF: a.mac("csrf", user)}, true, nil
+	}
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return identity{}, false, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sess, ok := a.sessions[c.Value]
+	if !ok || !now.Before(sess.expires) {
+		delete(a.sessions, c.Value)
+		return identity{}, false, nil
+	}
+	return identity{User: sess.user, CSRF: sess.csrf}, true, nil
+}
+
+func (a *authenticator) trusted(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	ip = ip.Unmap()
+	for _, p := range a.cfg.TrustedProxies {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// check verifies a login; it takes bcrypt's time whether or not the user
+// exists.
+func (a *authenticator) check(user, password string) bool {
+	hash, ok := a.cfg.Users[user]
+	if !ok {
+		_ = bcrypt.CompareHashAndPassword(a.dummy, []byte(password))
+		return false
+	}
+	return bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
+}
+
+func (a *authenticator) newSession(user string, now time.Time) string {
+	id := randomHex(32)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, s := range a.sessions { // expired sessions go at the next login
+		if !now.Before(s.expires) {
+			delete(a.sessions, k)
+		}
+	}
+	a.sessions[id] = session{user: user, csrf: randomHex(32), expires: now.Add(a.cfg.SessionTTL)}
+	return id
+}
+
+func (a *authenticator) endSession(r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		a.mu.Lock()
+		delete(a.sessions, c.Value)
+		a.mu.Unlock()
+	}
+}
+
+// actionToken is the one-time token of a confirmation form: a nonce and a
+// MAC binding it to the user, the action and its target, so a POST must
+// come from a confirmation page this server rendered for that person and
+// that action. console_actions.token is UNIQUE: the second submit of one
+// form finds the first's row.
+func (a *authenticator) actionToken(user, action, target string) string {
+	nonce := randomHex(16)
+	return nonce + "." + a.mac("action", nonce, user, action, target)[:32]
+}
+
+func (a *authenticator) validToken(tok, user, action, target string) bool {
+	nonce, mac, ok := strings.Cut(tok, ".")
+	if !ok || len(nonce) != 32 {
+		return false
+	}
+	want := a.mac("action", nonce, user, action, target)[:32]
+	return subtle.ConstantTimeCompare([]byte(mac), []byte(want)) == 1
+}
+
+// sameOrigin refuses a POST whose Origin (or, without one, Referer) names
+// another site: a second line behind the CSRF token and SameSite=Strict.
+func sameOrigin(r *http.Request) bool {
+	src := r.Header.Get("Origin")
+	if src == "" {
+		src = r.Header.Get("Referer")
+	}
+	if src == "" {
+		return true // a client that sends neither is not a browser on another site
+	}
+	u, err := url.Parse(src)
+	return err == nil && u.Host == r.Host
+}
+
+// authed wraps a page: nobody is sent to the login page (401 for a proxy
+// user without the header; 403 from an untrusted address).
+func (s *Server) authed(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, ok, err := s.auth.identify(r, s.now())
+		switch {
+		case errors.Is(err, errNotTrusted):
+			http.Error(w, "forbidden: this console believes user headers only from its trusted proxies", http.StatusForbidden)
+			return
+		case !ok && s.cfg.ProxyUserHeader != "":
+			http.Error(w, "unauthenticated: no user header from the proxy", http.StatusUnauthorized)
+			return
+		case !ok:
+			if r.Method != http.MethodGet {
+				http.Error(w, "unauthenticated", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, id)))
+	})
+}
+
+// action wraps an action's POST: a known person, same origin, the
+// session's CSRF token, and --allow-actions. Anything else changes nothing.
+func (s *Server) action(h http.HandlerFunc) http.Handler {
+	return s.authed(func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.AllowActions {
+			http.Error(w, "forbidden: the console is read-only (start it with --allow-actions)", http.StatusForbidden)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "bad form", http.StatusBadRequest)
+			return
+		}
+		if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(who(r).CSRF)) != 1 {
+			http.Error(w, "forbidden: missing or wrong CSRF token (reload the page)", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	})
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.ProxyUserHeader != "" {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	s.render(w, r, http.StatusOK, "login", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
+}
+
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.ProxyUserHeader != "" {
+		http.Error(w, "log in at the proxy", http.StatusNotFound)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	if err := r.ParseForm(); err != nil || !sameOrigin(r) {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	user, next := r.PostFormValue("user"), safeNext(r.PostFormValue("next"))
+	if !s.auth.check(user, r.PostFormValue("password")) {
+		s.log.Warn("console login failed", "user", truncate(user, 64), "remote", r.RemoteAddr)
+		s.render(w, r, http.StatusUnauthorized, "login", map[string]any{"Next": next, "Error": "wrong name or password"})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.auth.newSession(user, s.now()), Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookies || r.TLS != nil,
+		MaxAge: int(s.cfg.SessionTTL / time.Second)})
+	s.log.Info("console login", "user", user, "remote", r.RemoteAddr)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil || r.PostFormValue("csrf") != who(r).CSRF {
+		http.Error(w, "forbidden: missing or wrong CSRF token", http.StatusForbidden)
+		return
+	}
+	s.auth.endSession(r)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// safeNext keeps a post-login redirect on this site.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+		return "/"
+	}
+	return next
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
