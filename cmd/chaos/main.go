@@ -70,11 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, "chaos", err)
 	}
 	fs.Lookup("log-level").DefValue = "error"
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, "chaos", err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, "chaos", cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	cfg.Scenarios = sc
 	logger, err := logging.Logger(stderr)

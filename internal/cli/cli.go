@@ -154,6 +154,18 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// ParseFlags is Parse for a command that takes flags only: a positional
+// argument is a usage error naming it.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	if err := Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
 // Logging flags.
 type Logging struct {
 	Format string

@@ -40,11 +40,8 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 	if err != nil {
 		return Fail(stderr, name, err)
 	}
-	if err := Parse(fs, rest); err != nil {
+	if err := ParseFlags(fs, rest); err != nil {
 		return Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return Fail(stderr, name, Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := ValidateWait(wait); err != nil {
 		return Fail(stderr, name, err)

@@ -191,11 +191,8 @@ func serveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		serveDescription+"\n\n"+program().CommandList(), stderr)
 	var o ServeOptions
 	o.register(fs)
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, name, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, name, err)

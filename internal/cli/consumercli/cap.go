@@ -51,11 +51,8 @@ func capCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, name, err)
 	}
 	o.Verb, name = verb, name+" "+verb
-	if err := cli.Parse(fs, rest); err != nil {
+	if err := cli.ParseFlags(fs, rest); err != nil {
 		return cli.Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, name, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, name, err)

@@ -57,11 +57,8 @@ func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := cli.NewFlagSet(name, name+" [--stream S]... [--reason R] [--limit N] [--dry-run]", replayDescription, stderr)
 	var o ReplayOptions
 	o.register(fs)
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, name, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, name, err)

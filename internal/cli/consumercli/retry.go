@@ -38,11 +38,8 @@ func retryCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := cli.NewFlagSet(name, name+" --period P [--customer C]", retryDescription, stderr)
 	var o RetryOptions
 	o.register(fs)
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, name, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if o.Period == "" {
 		return cli.Fail(stderr, name, cli.Usagef("--period is required"))

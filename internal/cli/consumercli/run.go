@@ -122,11 +122,8 @@ func runCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
 	var o RunOptions
 	fs := cli.NewFlagSet(prog, prog+" [run] [flags]", runDescription+"\n\n"+program().CommandList(), stderr)
 	o.register(fs)
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, prog, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, prog, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, prog, err)

@@ -94,11 +94,8 @@ func webhookCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
 	fs := cli.NewFlagSet(name, name+" [--listen :8089] [flags]", webhookDescription, stderr)
 	var o WebhookOptions
 	o.register(fs)
-	if err := cli.Parse(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return cli.Fail(stderr, name, err)
-	}
-	if fs.NArg() > 0 {
-		return cli.Fail(stderr, name, cli.Usagef("unexpected argument %q", fs.Arg(0)))
 	}
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, name, err)
