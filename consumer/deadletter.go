@@ -75,7 +75,13 @@ func DeadLetterMany(ctx context.Context, rdb redis.UniversalClient, stream, grou
 	return errs
 }
 
+// deadLetter parks a held entry in <stream>:dead with the reason and acks
+// it. A ledger-driven retry's hold (no stream) has no entry to park: its
+// alert and its ledger row are the record.
 func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
+	if stream == "" {
+		return out, nil
+	}
 	p.hb.acking(stream, msg.ID)
 	trace.SpanFromContext(ctx).SetAttributes(attrDeadLetterReason.String(reason))
 	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {

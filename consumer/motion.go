@@ -128,16 +128,7 @@ func (p *Processor) actionRequired(ctx context.Context, h *hold, msg redis.XMess
 		return res, ferr
 	}
 	p.cfg.Notifier.Notify(alerts.ActionRequired(rec.CustomerID, rec.BillingPeriod, need))
-	return p.park(ctx, h, msg, ReasonActionRequired, need, OutcomeActionRequired)
-}
-
-// park dead-letters a held stream entry; a ledger-driven retry has none
-// (its alert is the record).
-func (p *Processor) park(ctx context.Context, h *hold, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
-	if h.ledgerOnly() {
-		return out, nil
-	}
-	return p.deadLetter(ctx, h.stream, msg, reason, detail, out)
+	return p.deadLetter(ctx, h.stream, msg, ReasonActionRequired, need, OutcomeActionRequired)
 }
 
 // closePreviousAttempt runs before attempt n >= 2 calls Stripe: attempt

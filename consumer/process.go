@@ -124,7 +124,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 		return p.charge(ctx, h, msg, ev, *pre, log)
 	}
 	req := p.reserveRequest(ev, msg.ID)
-	req.Replay = IsReplay(msg)
+	req.Replay = IsReplay(msg.Values)
 	claim, err := p.cfg.ledger.Reserve(ctx, req)
 	var capErr *ledger.CapError
 	switch {
@@ -168,11 +168,11 @@ func (p *Processor) reserveRequest(ev event.Event, msgID string) ledger.ReserveR
 	}
 }
 
-// IsReplay reports whether a stream entry is a dead letter put back by
-// ReplayDeadLetters: the runbook's "fix, then replay", which charges a
-// reopenable row (failed, action_required) again.
-func IsReplay(msg redis.XMessage) bool {
-	_, ok := msg.Values[ReplayedFromField]
+// IsReplay reports whether a stream entry's fields are a dead letter put
+// back by ReplayDeadLetters: the runbook's "fix, then replay", which
+// charges a reopenable row (failed, action_required) again.
+func IsReplay(fields map[string]any) bool {
+	_, ok := fields[ReplayedFromField]
 	return ok
 }
 
@@ -264,7 +264,7 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 		// (deduplicated), not one per customer.
 		p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
 		p.releaseQuiet(ctx, rec, err)
-		return p.park(ctx, h, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
+		return p.deadLetter(ctx, h.stream, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
 	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
 		// The key was first used with other parameters (a changed default
 		// payment method, a config change between attempts). That first use
@@ -278,7 +278,7 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 			PaymentIntentID: stripeRef(err).PaymentIntentID}); ferr != nil || res == OutcomeLeaseLost {
 			return res, ferr
 		}
-		return p.park(ctx, h, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
+		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
 	}
 }
 
@@ -391,9 +391,6 @@ func (p *Processor) finish(ctx context.Context, h *hold, rec ledger.Record, o le
 		// and the next delivery finds whatever the new holder recorded.
 		return res, err
 	}
-	if h.ledgerOnly() {
-		return out, nil // a ledger-driven retry: no stream entry to ack
-	}
 	return out, p.ack(ctx, h.stream, h.id)
 }
 
@@ -436,8 +433,12 @@ func (p *Processor) leftPending(_ context.Context, out Outcome, cause error) (Ou
 }
 
 // ack acknowledges one entry. Always per event, always after the ledger
-// write it depends on has committed (invariant 3).
+// write it depends on has committed (invariant 3). A ledger-driven retry's
+// hold (no stream) has no entry: nothing to ack.
 func (p *Processor) ack(ctx context.Context, stream, id string) error {
+	if stream == "" {
+		return nil
+	}
 	p.hb.acking(stream, id)
 	ctx, cancel := detach(ctx)
 	defer cancel()

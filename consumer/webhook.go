@@ -226,10 +226,7 @@ func (h *webhookHandler) apply(r *http.Request, id, typ string, obj hookObject) 
 		}
 	}
 	if (status == "succeeded" || status == "failed") && chargeID != "" {
-		rec, err := h.ledger.ByPaymentRef(ctx, cmp.Or(intentID, chargeID))
-		if errors.Is(err, ledger.ErrNotFound) && intentID != "" {
-			rec, err = h.ledger.ByPaymentRef(ctx, chargeID)
-		}
+		rec, err := h.ledger.ByPaymentRef(ctx, chargeID, intentID)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
 		case err != nil:

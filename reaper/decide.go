@@ -159,6 +159,5 @@ func rowEvent(rec ledger.Record) event.Event {
 // letter of a row whose last attempt failed finally (the runbook's "fix,
 // then replay"). It is re-driven like a pending row, never acked unbilled.
 func reopens(rec ledger.Record, fields map[string]any) bool {
-	_, replay := fields[consumer.ReplayedFromField]
-	return replay && rec.Status.Reopenable()
+	return consumer.IsReplay(fields) && rec.Status.Reopenable()
 }

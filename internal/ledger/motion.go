@@ -234,17 +234,18 @@ func (l *Ledger) Settle(ctx context.Context, k Key, s Settlement) (Record, error
 	return r, err
 }
 
-// ByPaymentRef finds the row that waits for a charge or intent id (a
-// webhook's object): the processing row whose charge_id or
-// payment_intent_id is id. ErrNotFound when none.
-func (l *Ledger) ByPaymentRef(ctx context.Context, id string) (Record, error) {
+// ByPaymentRef finds the row a webhook's object is about: the one whose
+// charge_id or payment_intent_id is one of ids (a charge and its intent),
+// a processing row first. ErrNotFound when none.
+func (l *Ledger) ByPaymentRef(ctx context.Context, ids ...string) (Record, error) {
 	r, err := scanRecord(l.pool.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
-		WHERE charge_id = $1 OR payment_intent_id = $1 ORDER BY (status = 'processing') DESC LIMIT 1`, id))
+		WHERE charge_id = ANY($1::text[]) OR payment_intent_id = ANY($1::text[])
+		ORDER BY (status = 'processing') DESC LIMIT 1`, ids))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Record{}, fmt.Errorf("%s: %w", id, ErrNotFound)
+		return Record{}, fmt.Errorf("%v: %w", ids, ErrNotFound)
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("finding the row of %s: %w", id, err)
+		return Record{}, fmt.Errorf("finding the row of %v: %w", ids, err)
 	}
 	return r, nil
 }

@@ -42,6 +42,5 @@ func (r *Retries) configValue() int {
 }
 
 func (r *Retries) policy() consumer.RetryPolicy {
-	n := r.DeclineRetries
-	return consumer.RetryPolicy{Retries: n, After: r.DeclineRetryAfter}
+	return consumer.RetryPolicy{Retries: r.DeclineRetries, After: r.DeclineRetryAfter}
 }
