@@ -180,6 +180,11 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	for i, sg := range o.streams {
 		cfg := base
 		cfg.Stream, cfg.Group = sg.Stream, sg.Group
+		if i > 0 {
+			// The ledger follow-up is ledger-wide, not per stream: one
+			// loop per process (the first consumer's) does it all.
+			cfg.FollowUpEvery = -1
+		}
 		if cs[i], err = consumer.New(cfg); err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}
