@@ -81,13 +81,10 @@ type Config struct {
 	SafeKeyWindow time.Duration
 	RequireCap    bool
 	Rules         event.Rules
-	// DeclineRetries is how many times a soft decline (insufficient_funds,
-	// do_not_honor, …) is charged again, each under a new attempt's key,
-	// DeclineRetryAfter apart; failed bank debits with a retryable code are
-	// re-presented at most stripeapi.MaxDebitRepresentments times. 0 means
-	// DefaultDeclineRetries; NoDeclineRetries turns retries off.
-	DeclineRetries    int
-	DeclineRetryAfter time.Duration
+	// Retry is the fleet's decline and bank-debit policy: the reaper's
+	// re-drives and the webhook must be given the same one. Its zero value
+	// means the defaults.
+	Retry RetryPolicy
 	// FollowUpEvery is how often the consumer polls processing charges
 	// and drives due ledger retries (FollowUp). 0 means
 	// DefaultFollowUpEvery; negative turns the loop off (another process,
@@ -148,8 +145,7 @@ func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.SafeKeyWindow = cmp.Or(c.SafeKeyWindow, DefaultSafeKeyWindow)
-	c.DeclineRetries = cmp.Or(c.DeclineRetries, DefaultDeclineRetries)
-	c.DeclineRetryAfter = cmp.Or(c.DeclineRetryAfter, DefaultDeclineRetryAfter)
+	c.Retry = c.Retry.withDefaults()
 	c.FollowUpEvery = cmp.Or(c.FollowUpEvery, DefaultFollowUpEvery)
 	if c.Description == nil {
 		c.Description = func(ev event.Event) string { return "Usage billing for " + ev.BillingPeriod }
@@ -197,10 +193,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("consumer: --lease %s is too short (minimum 300ms; it must outlive a heartbeat round trip)", c.Lease)
 	case c.Block < 0:
 		return fmt.Errorf("consumer: --block %s must not be negative", c.Block)
-	case c.DeclineRetries < NoDeclineRetries || c.DeclineRetries > 10:
-		return fmt.Errorf("consumer: --decline-retries %d must be between 0 and 10", max(c.DeclineRetries, 0))
-	case c.DeclineRetryAfter < time.Minute:
-		return fmt.Errorf("consumer: --decline-retry-after %s is too short (minimum 1m; card networks penalise rapid retries)", c.DeclineRetryAfter)
+	case c.Retry.Validate() != nil:
+		return fmt.Errorf("consumer: %w", c.Retry.Validate())
 	case c.SafeKeyWindow <= 0 || c.SafeKeyWindow >= 24*time.Hour:
 		return fmt.Errorf("consumer: --safe-key-window %s must be below Stripe's 24h idempotency window", c.SafeKeyWindow)
 	}

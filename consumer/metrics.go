@@ -11,6 +11,7 @@ type Metrics struct {
 	inFlight    *prometheus.GaugeVec
 	heartbeats  *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
+	parkedRows  prometheus.Counter
 }
 
 // NewMetrics registers the consumer's series on reg. Every series but the
@@ -40,9 +41,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "pelguard_consumer_dead_letters_total",
 			Help: "Entries sent to the dead-letter stream, by reason.",
 		}, []string{"stream", "reason"}),
+		parkedRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pelguard_consumer_parked_total",
+			Help: "Ledger-driven rows parked after their takeover budget ran out (a person must look; consumer retry takes them up).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters)
+		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters, m.parkedRows)
 	}
 	return m
 }
@@ -90,5 +95,11 @@ func (m *Metrics) heartbeat(stream, result string, n int) {
 func (m *Metrics) deadLetter(stream, reason string) {
 	if m != nil {
 		m.deadLetters.WithLabelValues(stream, reason).Inc()
+	}
+}
+
+func (m *Metrics) parked() {
+	if m != nil {
+		m.parkedRows.Inc()
 	}
 }

@@ -43,7 +43,7 @@ func setupMotionWebhook(t *testing.T, wh stripesim.Webhook, faults stripesim.Fau
 	m.cfg = b.config(t, "consumer-A")
 	m.cfg.Notifier = m.alerts
 	m.cfg.FollowUpEvery = -1
-	m.cfg.DeclineRetryAfter = time.Hour
+	m.cfg.Retry.After = time.Hour
 	m.cfg.Lease = time.Minute
 	if tune != nil {
 		tune(&m.cfg)
@@ -263,7 +263,7 @@ func TestDeclines(t *testing.T) {
 	soft, hard, exhausted := ev(1), ev(2), ev(3)
 	m := setupMotion(t, stripesim.Faults{DeclineCodes: map[string]string{
 		soft.StripeCustomerID: "insufficient_funds", hard.StripeCustomerID: "stolen_card", exhausted.StripeCustomerID: "do_not_honor",
-	}}, func(c *consumer.Config) { c.DeclineRetries = 1 })
+	}}, func(c *consumer.Config) { c.Retry.Retries = 1 })
 	m.add(t, soft, hard, exhausted)
 	for range 3 {
 		if out := m.deliver(t); out != consumer.OutcomeDeclined {

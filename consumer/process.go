@@ -195,18 +195,19 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	}
 	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || (rec.Attempt == 1 && eventPastWindow(ev, now, p.cfg.SafeKeyWindow)) {
 		start := time.Now()
-		found, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
+		ch, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 		if err != nil {
 			p.cfg.Notifier.Notify(alerts.StripeLookupFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
 			return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("looking up an earlier charge past the key window: %w", err))
 		}
 		if ok {
-			if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
+			if res, done, err := p.foundElsewhere(ctx, rec, ev, ch); done {
 				return res, err
 			}
-			log.InfoContext(ctx, "found the charge of an earlier attempt at Stripe", slog.String("charge_id", found.ID))
-			return p.recordFound(ctx, h, rec, found)
+			v := found(ch, now)
+			v.Note = "found the charge of an earlier attempt at Stripe: " + ch.ID
+			return p.apply(ctx, h, msg, rec, v, log)
 		}
 	}
 
@@ -243,70 +244,83 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	if p.cfg.Test.AfterStripeReply != nil {
 		p.cfg.Test.AfterStripeReply()
 	}
-	switch {
-	case err == nil:
-		return p.recordFound(ctx, h, rec, ch)
-	case errors.Is(err, stripeapi.ErrCardDeclined):
-		return p.declined(ctx, h, rec, err, log)
-	case errors.Is(err, stripeapi.ErrActionRequired):
-		return p.actionRequired(ctx, h, msg, rec, err)
-	case errors.Is(err, stripeapi.ErrTransient):
-		if cause := context.Cause(ctx); errors.Is(cause, errLeaseLost) {
-			return p.release(ctx, rec, OutcomeLeaseLost, nil)
+	v := decideCharge(rec, chargeResult{Charge: ch, Err: err, LeaseLost: errors.Is(context.Cause(ctx), errLeaseLost)},
+		p.cfg.Retry, p.cfg.Clock.Now())
+	if v.Ledger == lookUp {
+		found, ok, lerr := p.findCharge(ctx, p.chargeQuery(ev, rec))
+		if lerr == nil && ok {
+			if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
+				return res, err
+			}
 		}
-		return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("stripe: %w", err))
-	case errors.Is(err, stripeapi.ErrPermission), errors.Is(err, stripeapi.ErrAuthentication):
-		// A key problem (403 names the missing permission, 401): nothing was
-		// charged, and the event must stay chargeable once the key is fixed.
-		// The row stays pending (lease released, cap still reserved), the
-		// entry is parked in the dead-letter stream for replay instead of
-		// being retried in a loop, and one alert per permission is sent
-		// (deduplicated), not one per customer.
-		p.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
-		p.releaseQuiet(ctx, rec, err)
-		return p.deadLetter(ctx, h.stream, msg, ReasonStripeKey, err.Error(), OutcomeDeadLetter)
-	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
-		// The key was first used with other parameters (a changed default
-		// payment method, a config change between attempts). That first use
-		// may have charged: the outcome is unknown, so look before deciding.
-		return p.resolveMismatch(ctx, h, rec, ev, err, log)
-	default:
-		// Invalid request: Stripe refused it outright, nothing was charged
-		// and retrying cannot help. Record it, park the event, tell a human.
-		p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, err.Error()))
-		if res, ferr := p.finishOnly(ctx, rec, ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error(),
-			PaymentIntentID: stripeRef(err).PaymentIntentID}); ferr != nil || res == OutcomeLeaseLost {
-			return res, ferr
-		}
-		return p.deadLetter(ctx, h.stream, msg, ReasonStripePerm, err.Error(), OutcomeFailed)
+		v = decideMismatch(rec, found, ok, lerr, v.Cause, p.cfg.Clock.Now())
 	}
+	return p.apply(ctx, h, msg, rec, v, log)
 }
 
-// resolveMismatch handles Stripe's idempotency_error: find the charge the key
-// already made and record it, or leave the event pending and alert.
-func (p *Processor) resolveMismatch(ctx context.Context, h *hold, rec ledger.Record, ev event.Event, cause error, log *slog.Logger) (Outcome, error) {
-	found, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
-	if err == nil && ok {
-		if res, done, err := p.foundElsewhere(ctx, rec, ev, found); done {
+// apply does what a verdict says, in the order invariant 3 wants: the
+// ledger step (fenced: a holder that lost its lease writes nothing and
+// acks nothing), then the alert, then the ack or the dead letter. A
+// ledger-driven row out of takeovers is parked instead of released
+// (parkInstead). ctx is the event's.
+func (p *Processor) apply(ctx context.Context, h *hold, msg redis.XMessage, rec ledger.Record, v verdict, log *slog.Logger) (Outcome, error) {
+	v = parkInstead(rec, h.stream == "" && rec.StreamMessageID == ledger.LedgerDriven, v)
+	if v.Note != "" {
+		log.InfoContext(ctx, v.Note)
+	}
+	switch v.Ledger {
+	case writeOutcome:
+		if v.Record.ChargeID != "" {
+			trace.SpanFromContext(ctx).SetAttributes(attrChargeID.String(v.Record.ChargeID))
+		}
+		// A charge may have been made: record it even if the lease is
+		// being lost (finishOnly detaches).
+		if res, err := p.finishOnly(ctx, rec, v.Record); err != nil || res == OutcomeLeaseLost {
+			// Not recorded by us: no ack (invariant 3). The entry stays
+			// pending and the next delivery finds whatever the new holder
+			// recorded.
 			return res, err
 		}
-		log.WarnContext(ctx, "idempotency key reused with other parameters; recording the charge it already made",
-			slog.String("charge_id", found.ID))
-		return p.recordFound(ctx, h, rec, found)
+	case releaseLease:
+		p.releaseQuiet(ctx, rec, v.Cause)
+	case parkRow:
+		p.park(ctx, rec, v.Cause, log)
 	}
-	detail := "idempotency key reused with different parameters and no earlier charge found; it stays pending until the key expires at Stripe"
-	if err != nil {
-		detail = "idempotency key reused with different parameters, and looking for the earlier charge failed: " + err.Error()
+	if v.Alert != nil {
+		p.cfg.Notifier.Notify(*v.Alert)
 	}
-	p.cfg.Notifier.Notify(alerts.ChargeFailed(ev.CustomerID, ev.BillingPeriod, detail))
-	return p.release(ctx, rec, OutcomeRetryLater, fmt.Errorf("%s: %w", detail, cause))
+	switch v.Stream {
+	case ackEntry:
+		return v.Outcome, p.ack(ctx, h.stream, h.id)
+	case deadLetterEntry:
+		return p.deadLetter(ctx, h.stream, msg, v.Reason, v.Detail, v.Outcome)
+	}
+	return v.Outcome, v.Cause
+}
+
+// park stops the ledger's retries of a row out of takeovers (parkInstead),
+// logging (not returning) a failure: the row stays released and TakeDue
+// takes it again later, when it is parked at its release.
+func (p *Processor) park(ctx context.Context, rec ledger.Record, cause error, log *slog.Logger) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	if _, err := p.cfg.ledger.Park(ctx, rec, cause.Error()); err != nil {
+		log.WarnContext(ctx, "parking the row failed; it is parked when its next try fails", slog.Any("error", err))
+		return
+	}
+	p.cfg.Metrics.parked()
+	log.WarnContext(ctx, "ledger retries parked: a person must look", slog.String("reason", cause.Error()))
 }
 
 // releaseQuiet gives the lease up, logging (not returning) a failure.
 func (p *Processor) releaseQuiet(ctx context.Context, rec ledger.Record, cause error) {
+	reason := "lease lost"
+	if cause != nil {
+		reason = cause.Error()
+	}
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	if err := p.cfg.ledger.Release(ctx, rec, truncate(cause.Error(), 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+	if err := p.cfg.ledger.Release(ctx, rec, truncate(reason, 500)); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		p.cfg.Logger.WarnContext(ctx, "releasing lease failed; it will expire", slog.Any("error", err))
 	}
 }
@@ -377,21 +391,6 @@ func eventPastWindow(ev event.Event, now time.Time, window time.Duration) bool {
 // begins.
 func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) bool {
 	return rec.TakenOverInAttempt() && now.Sub(rec.AttemptStartedAt) > window
-}
-
-// finish writes the terminal outcome (fenced), then acks: write-before-ack.
-func (p *Processor) finish(ctx context.Context, h *hold, rec ledger.Record, o ledger.Outcome, out Outcome) (Outcome, error) {
-	ctx, cancel := detach(ctx) // a charge was made: record it even if the lease is being lost
-	defer cancel()
-	if o.ChargeID != "" {
-		trace.SpanFromContext(ctx).SetAttributes(attrChargeID.String(o.ChargeID))
-	}
-	if res, err := p.finishOnly(ctx, rec, o); err != nil || res == OutcomeLeaseLost {
-		// Not recorded by us: no ack (invariant 3). The entry stays pending
-		// and the next delivery finds whatever the new holder recorded.
-		return res, err
-	}
-	return out, p.ack(ctx, h.stream, h.id)
 }
 
 func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {

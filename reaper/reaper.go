@@ -117,6 +117,10 @@ type Config struct {
 	Rules         event.Rules
 	// OmitChargeMetadata: see consumer.Config; it must match the consumers'.
 	OmitChargeMetadata bool
+	// Retry is the fleet's decline and bank-debit policy (consumer.Config's
+	// Retry): a decline met in a re-drive is recorded as the consumers
+	// record theirs, so it must be the consumers' policy.
+	Retry consumer.RetryPolicy
 	// StoppedConsumers names group members that never registered as
 	// pelguard consumers (a team's old consumers) and are known to be
 	// stopped: their entries are decided like a dead pelguard consumer's.
@@ -198,6 +202,8 @@ func (c *Config) Validate() error {
 		return errors.New("reaper: a Postgres pool (DB) is required")
 	case c.Schema != "" && pg.ValidSchema(c.Schema) != nil:
 		return fmt.Errorf("reaper: --db-schema: %w", pg.ValidSchema(c.Schema))
+	case c.Retry.Validate() != nil:
+		return fmt.Errorf("reaper: %w", c.Retry.Validate())
 	case c.Stripe == nil && !c.DryRun:
 		return errors.New("reaper: Stripe client is required (only --dry-run runs without one)")
 	case len(c.Streams) == 0:
@@ -310,6 +316,7 @@ func New(cfg Config) (*Reaper, error) {
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
+				Retry: cfg.Retry,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 				TracerProvider: cfg.TracerProvider,
 			})

@@ -304,7 +304,7 @@ func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, n
 		}
 		r, err = scanRecord(tx.QueryRow(ctx, `
 			UPDATE {schema}.billing_records SET status = $3, last_error = $4, cap_reserved_cents = 0,
-				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5, attempt = attempt + 1,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = $5, attempt = attempt + 1, debit = false,
 				next_attempt_at = $6, payment_intent_id = coalesce(nullif($7, ''), payment_intent_id),
 				failure_code = nullif($8, '')
 			WHERE customer_id = $1 AND billing_period = $2

@@ -99,7 +99,23 @@ type Record struct {
 	PaymentIntentID string
 	// FailureCode is Stripe's decline or failure code of the latest attempt.
 	FailureCode string
+	// Redrives counts the ledger retry loop's takeovers of this attempt
+	// (TakeDue after a release); reset when an attempt begins.
+	Redrives int
+	// ParkedAt and ParkedReason: the ledger stopped retrying this pending
+	// row by itself (Park); a person takes it up with `consumer retry`.
+	ParkedAt     time.Time
+	ParkedReason string
+	// Debit: the last final failure was a bank debit's (Settle), whose
+	// re-presentments are limited (RetryRefusal).
+	Debit bool
+	// RetryOverride is the reason a person gave for retrying past the
+	// debit rules (`consumer retry --override`), with who and when.
+	RetryOverride string
 }
+
+// Parked reports whether the ledger stopped retrying the row by itself.
+func (r Record) Parked() bool { return r.Status == StatusPending && !r.ParkedAt.IsZero() }
 
 // TakenOverInAttempt reports whether the current attempt's key may have
 // been sent to Stripe before this holder got the row (a takeover, not the
@@ -177,18 +193,20 @@ const recordCols = `customer_id, billing_period, stripe_customer_id, amount_cent
 	epoch, attempts, first_attempt_at, coalesce(last_error, ''), coalesce(stream_message_id, ''),
 	cap_reserved_cents, charged_at, created_at, updated_at,
 	attempt, coalesce(attempt_started_at, first_attempt_at), attempt_epoch, next_attempt_at, next_poll_at,
-	coalesce(payment_intent_id, ''), coalesce(failure_code, '')`
+	coalesce(payment_intent_id, ''), coalesce(failure_code, ''),
+	redrives, parked_at, coalesce(parked_reason, ''), debit, coalesce(retry_override, '')`
 
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var status string
-	var leaseExp, chargedAt, nextAttempt, nextPoll *time.Time
+	var leaseExp, chargedAt, nextAttempt, nextPoll, parked *time.Time
 	err := row.Scan(&r.CustomerID, &r.BillingPeriod, &r.StripeCustomerID, &r.AmountCents, &r.Currency,
 		&r.IdempotencyKey, &status, &r.ChargeID, &r.LeaseOwner, &leaseExp,
 		&r.Epoch, &r.Attempts, &r.FirstAttemptAt, &r.LastError, &r.StreamMessageID,
 		&r.CapReservedCents, &chargedAt, &r.CreatedAt, &r.UpdatedAt,
 		&r.Attempt, &r.AttemptStartedAt, &r.AttemptEpoch, &nextAttempt, &nextPoll,
-		&r.PaymentIntentID, &r.FailureCode)
+		&r.PaymentIntentID, &r.FailureCode,
+		&r.Redrives, &parked, &r.ParkedReason, &r.Debit, &r.RetryOverride)
 	if err != nil {
 		return Record{}, err
 	}
@@ -197,6 +215,7 @@ func scanRecord(row pgx.Row) (Record, error) {
 	r.ChargedAt = deref(chargedAt)
 	r.NextAttemptAt = deref(nextAttempt)
 	r.NextPollAt = deref(nextPoll)
+	r.ParkedAt = deref(parked)
 	return r, nil
 }
 

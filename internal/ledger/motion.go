@@ -1,12 +1,15 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Money in motion (DESIGN.md invariant 10): rows the ledger itself follows
@@ -64,7 +67,7 @@ func (l *Ledger) reopenTx(ctx context.Context, tx pgx.Tx, rec Record, owner stri
 		UPDATE {schema}.billing_records SET status = 'pending', epoch = epoch + 1, attempts = attempts + 1,
 			attempt_epoch = epoch + 1, attempt_started_at = $3, lease_owner = $4, lease_expires_at = $5,
 			stream_message_id = coalesce(nullif($6, ''), stream_message_id), next_attempt_at = NULL,
-			cap_reserved_cents = $7, updated_at = $3
+			cap_reserved_cents = $7, updated_at = $3, redrives = 0, parked_at = NULL, parked_reason = NULL
 		WHERE customer_id = $1 AND billing_period = $2
 		RETURNING `+recordCols,
 		rec.CustomerID, rec.BillingPeriod, now, owner, now.Add(lease), msgID, reserved))
@@ -81,9 +84,17 @@ func (l *Ledger) reopenTx(ctx context.Context, tx pgx.Tx, rec Record, owner stri
 const LedgerDriven = "ledger"
 
 // ReleasedRetryDelay is how long a ledger-driven row released after a
-// transient failure waits before TakeDue takes it again (a delivery-driven
-// one waits for the reaper's min-idle the same way).
-const ReleasedRetryDelay = time.Minute
+// transient failure waits before TakeDue takes it again the first time (a
+// delivery-driven one waits for the reaper's min-idle the same way). Each
+// later takeover of the same attempt waits twice as long as the one before,
+// up to MaxReleasedRetryDelay: a Stripe outage of hours is ridden out with
+// a few dozen calls, and a release that repeats for good (an earlier
+// attempt's intent that answers 403) reaches the takeover budget, where the
+// consumer parks the row (Park), in hours rather than never.
+const (
+	ReleasedRetryDelay    = time.Minute
+	MaxReleasedRetryDelay = time.Hour
+)
 
 // DueRetry is TakeDue's answer.
 type DueRetry struct {
@@ -109,9 +120,11 @@ func (l *Ledger) TakeDue(ctx context.Context, owner string, lease, backoff time.
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 		rec, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 			WHERE (next_attempt_at <= $1 AND status IN ('declined', 'failed', 'action_required'))
-				OR (status = 'pending' AND stream_message_id = $2
-					AND (lease_expires_at <= $1 OR (lease_expires_at IS NULL AND updated_at <= $3)))
-			ORDER BY coalesce(next_attempt_at, updated_at) LIMIT 1 FOR UPDATE SKIP LOCKED`, now, LedgerDriven, now.Add(-ReleasedRetryDelay)))
+				OR (status = 'pending' AND stream_message_id = $2 AND parked_at IS NULL
+					AND (lease_expires_at <= $1 OR (lease_expires_at IS NULL
+						AND updated_at <= $1 - least($4::interval, $3::interval * power(2, least(redrives, 20))))))
+			ORDER BY coalesce(next_attempt_at, updated_at) LIMIT 1 FOR UPDATE SKIP LOCKED`,
+			now, LedgerDriven, ReleasedRetryDelay, MaxReleasedRetryDelay))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -123,7 +136,7 @@ func (l *Ledger) TakeDue(ctx context.Context, owner string, lease, backoff time.
 		if rec.Status == StatusPending {
 			r, err := scanRecord(tx.QueryRow(ctx, `
 				UPDATE {schema}.billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
-					lease_expires_at = $4, updated_at = $5
+					lease_expires_at = $4, updated_at = $5, redrives = redrives + 1
 				WHERE customer_id = $1 AND billing_period = $2
 				RETURNING `+recordCols, rec.CustomerID, rec.BillingPeriod, owner, now.Add(lease), now))
 			out.Claim = Claim{Decision: TakenOver, Record: r}
@@ -220,7 +233,7 @@ func (l *Ledger) Settle(ctx context.Context, k Key, s Settlement) (Record, error
 			return nil
 		}
 		r, err = scanRecord(tx.QueryRow(ctx, `
-			UPDATE {schema}.billing_records SET status = 'declined', charge_id = NULL, next_poll_at = NULL,
+			UPDATE {schema}.billing_records SET status = 'declined', charge_id = NULL, next_poll_at = NULL, debit = true,
 				last_error = $3, failure_code = nullif($4, ''), next_attempt_at = $5, attempt = attempt + 1,
 				cap_reserved_cents = 0, updated_at = $6
 			WHERE customer_id = $1 AND billing_period = $2
@@ -277,26 +290,94 @@ func (l *Ledger) RecordWebhookEvent(ctx context.Context, id, typ, objectID, resu
 	return nil
 }
 
-// RequestRetry schedules, now, the next attempt of period's rows (one
-// customer's when customerID is set) whose last attempt failed finally:
-// declined, failed or action_required. Their attempt was advanced when the
-// failure was recorded, so the retry uses a new key; a consumer's FollowUp
-// charges them. It is the runbook's "the customer fixed it, bill again".
-// It returns the keys scheduled.
-func (l *Ledger) RequestRetry(ctx context.Context, period, customerID string) ([]Record, error) {
+// Park stops the ledger's own retries of a ledger-driven pending row whose
+// takeover budget ran out (the consumer decides when): the lease goes, the
+// row stays pending and unbilled, and it is reported as stuck until a
+// person takes it up with ScheduleRetries. Fenced by the holder's epoch.
+func (l *Ledger) Park(ctx context.Context, rec Record, reason string) (Record, error) {
 	now := l.clock.Now()
-	rows, err := l.pool.Query(ctx, `UPDATE {schema}.billing_records SET next_attempt_at = least(coalesce(next_attempt_at, $3), $3), updated_at = $3
-		WHERE billing_period = $1 AND ($2 = '' OR customer_id = $2) AND status IN ('declined', 'failed', 'action_required')
-		RETURNING `+recordCols, period, customerID, now)
+	r, err := scanRecord(l.pool.QueryRow(ctx, `
+		UPDATE {schema}.billing_records SET lease_owner = NULL, lease_expires_at = NULL, parked_at = $4,
+			parked_reason = $5, last_error = $5, updated_at = $4
+		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
+		RETURNING `+recordCols, rec.CustomerID, rec.BillingPeriod, rec.Epoch, now, truncate(reason, 500)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, fmt.Errorf("parking %s (epoch %d): %w", rec.Key, rec.Epoch, ErrLeaseLost)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("scheduling retries for %s: %w", period, err)
+		return Record{}, fmt.Errorf("parking %s: %w", rec.Key, err)
+	}
+	return r, nil
+}
+
+// RetryCandidates reads the rows of period (one customer's when customerID
+// is set) a person may bill again: those whose last attempt failed for good
+// (declined, failed, action_required) and those the ledger parked. What
+// may be retried among them is RetryRefusal's to say.
+func (l *Ledger) RetryCandidates(ctx context.Context, period, customerID string) ([]Record, error) {
+	var out []Record
+	err := l.scan(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
+		WHERE billing_period = $1 AND ($2 = '' OR customer_id = $2)
+			AND (status IN ('declined', 'failed', 'action_required') OR (status = 'pending' AND parked_at IS NOT NULL))
+		ORDER BY customer_id`, func(r Record) error { out = append(out, r); return nil }, period, customerID)
+	return out, err
+}
+
+// RetryRefusal says why a person's retry of the row breaks a rule of bank
+// debits, or "" when it may be retried. A failed debit is re-presented only
+// for a code a re-presentment can overcome (insufficient funds) and at most
+// stripeapi.MaxDebitRepresentments times (NACHA); a revoked authorisation,
+// a closed or unknown account, or the used-up re-presentments need the
+// customer's new authorisation (a new mandate), which only a person can
+// vouch for: `consumer retry --override "why"`. Cards and parked rows have
+// no such rule.
+func (r Record) RetryRefusal() string {
+	if !r.Debit || r.Status != StatusDeclined {
+		return ""
+	}
+	if !stripeapi.DebitRetryable(r.FailureCode) {
+		return fmt.Sprintf("bank debit failed with %s: re-presenting it needs the customer's new authorisation (a new mandate)",
+			cmp.Or(r.FailureCode, "no failure code"))
+	}
+	// Attempt was advanced past the failed one: attempts made = Attempt-1,
+	// re-presentments among them = Attempt-2.
+	if used := r.Attempt - 2; used >= stripeapi.MaxDebitRepresentments {
+		return fmt.Sprintf("bank debit already re-presented %d times (NACHA allows %d): a new presentment needs the customer's new authorisation",
+			used, stripeapi.MaxDebitRepresentments)
+	}
+	return ""
+}
+
+// ScheduleRetries schedules, now, the next attempt of keys (RetryCandidates
+// a person chose): a final failure gets a due next_attempt_at (its attempt
+// was advanced when the failure was recorded, so the retry uses a new key);
+// a parked row is unparked with a fresh takeover budget, due at once. A row
+// that is neither any more is left alone. override, when set, is recorded
+// on each row (`consumer retry --override`). A consumer's FollowUp charges
+// them. It returns the rows scheduled.
+func (l *Ledger) ScheduleRetries(ctx context.Context, keys []Key, override string) ([]Record, error) {
+	now := l.clock.Now()
+	cust, per := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		cust[i], per[i] = k.CustomerID, k.BillingPeriod
+	}
+	rows, err := l.pool.Query(ctx, `UPDATE {schema}.billing_records SET
+			next_attempt_at = CASE WHEN status = 'pending' THEN NULL ELSE least(coalesce(next_attempt_at, $3), $3) END,
+			parked_at = NULL, parked_reason = NULL, redrives = 0,
+			updated_at = CASE WHEN status = 'pending' THEN $3 - $5::interval ELSE $3 END,
+			retry_override = coalesce(nullif($4, ''), retry_override)
+		WHERE (customer_id, billing_period) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+			AND (status IN ('declined', 'failed', 'action_required') OR (status = 'pending' AND parked_at IS NOT NULL))
+		RETURNING `+recordCols, cust, per, now, override, ReleasedRetryDelay)
+	if err != nil {
+		return nil, fmt.Errorf("scheduling %d retries: %w", len(keys), err)
 	}
 	defer rows.Close()
 	var out []Record
 	for rows.Next() {
 		r, err := scanRecord(rows)
 		if err != nil {
-			return nil, fmt.Errorf("scheduling retries for %s: %w", period, err)
+			return nil, fmt.Errorf("scheduling retries: %w", err)
 		}
 		out = append(out, r)
 	}

@@ -54,7 +54,6 @@ type RunOptions struct {
 	DeadLetterAlertInterval time.Duration
 	WaitForDeps             time.Duration
 	MaxDBConns              int
-	Retries                 Retries
 	FollowUpEvery           time.Duration
 	Log                     cli.Logging
 	Stripe                  cli.Stripe
@@ -79,7 +78,6 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
-	o.Retries.register(fs)
 	fs.DurationVar(&o.FollowUpEvery, "follow-up-every", consumer.DefaultFollowUpEvery,
 		"how often to poll processing bank debits and charge due retries from the ledger (0: off; some consumer must run it)")
 	o.Log.Register(fs)
@@ -106,7 +104,7 @@ func (o *RunOptions) Validate() error {
 	if err := o.Stripe.Validate(); err != nil {
 		return err
 	}
-	if err := o.Retries.validate(); err != nil {
+	if err := o.Retries.Validate(); err != nil {
 		return err
 	}
 	if o.FollowUpEvery < 0 {
@@ -218,7 +216,7 @@ func (o *RunOptions) config() consumer.Config {
 		Description: o.Description(),
 		Count:       o.Count, Block: o.Block, Workers: o.Workers, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow,
 		RequireCap: o.RequireCap, Rules: o.Rules(),
-		DeclineRetries: o.Retries.configValue(), DeclineRetryAfter: o.Retries.DeclineRetryAfter,
+		Retry:         o.Retries.Policy(),
 		FollowUpEvery: followUpEvery(o.FollowUpEvery),
 	}
 }

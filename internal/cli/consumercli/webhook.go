@@ -42,7 +42,7 @@ type WebhookOptions struct {
 	Tolerance   time.Duration
 	WaitForDeps time.Duration
 	MaxDBConns  int
-	Retries     Retries
+	Retries     cli.Retries
 	Log         cli.Logging
 	Slack       cli.Slack
 
@@ -57,7 +57,7 @@ func (o *WebhookOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Tolerance, "tolerance", consumer.DefaultWebhookTolerance, "refuse events whose signature is older than this (replay protection)")
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
-	o.Retries.register(fs)
+	o.Retries.Register(fs)
 	o.Log.Register(fs)
 	o.Slack.Register(fs)
 }
@@ -80,7 +80,7 @@ func (o *WebhookOptions) Validate() error {
 	if o.Tolerance < 30*time.Second || o.Tolerance > time.Hour {
 		return cli.Usagef("--tolerance %s must be between 30s and 1h (Stripe signs each delivery when it sends it)", o.Tolerance)
 	}
-	if err := o.Retries.validate(); err != nil {
+	if err := o.Retries.Validate(); err != nil {
 		return err
 	}
 	if err := o.Log.Validate(); err != nil {
@@ -125,7 +125,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	}
 	defer pool.Close()
 	h, err := consumer.WebhookHandler(consumer.WebhookConfig{DB: pool, Schema: o.Schema, Secret: o.secret, Tolerance: o.Tolerance,
-		Retry: o.Retries.policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg)})
+		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg)})
 	if err != nil {
 		return cli.Fail(stderr, name, cli.Usagef("%v", err))
 	}

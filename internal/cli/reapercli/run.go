@@ -116,6 +116,9 @@ func (o *RunOptions) Validate() error {
 	for i, p := range pairs {
 		o.streams[i] = reaper.StreamGroup{Stream: p.Stream, Group: p.Group}
 	}
+	if err := o.Retries.Validate(); err != nil {
+		return err
+	}
 	if err := o.validateExternal(); err != nil {
 		return err
 	}
@@ -272,6 +275,7 @@ func (o *RunOptions) config() reaper.Config {
 		Streams: o.streams, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
+		Retry: o.Retries.Policy(),
 		Rules:  o.Rules(),
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: o.Description(), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
