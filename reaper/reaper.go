@@ -316,7 +316,7 @@ func New(cfg Config) (*Reaper, error) {
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
-				Retry: cfg.Retry,
+				Retry:    cfg.Retry,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 				TracerProvider: cfg.TracerProvider,
 			})

@@ -275,7 +275,7 @@ func (o *RunOptions) config() reaper.Config {
 		Streams: o.streams, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
-		Retry: o.Retries.Policy(),
+		Retry:  o.Retries.Policy(),
 		Rules:  o.Rules(),
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: o.Description(), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
