@@ -30,8 +30,14 @@ type hooked struct {
 	metrics *consumer.WebhookMetrics
 }
 
-func setupHooked(t *testing.T, faults stripesim.Faults) *hooked {
+// setupHooked's webhook runs with policy, or the policy the consumer
+// tests use (3 retries an hour apart) when none is given.
+func setupHooked(t *testing.T, faults stripesim.Faults, policy ...consumer.RetryPolicy) *hooked {
 	t.Helper()
+	pol := consumer.RetryPolicy{Retries: 3, After: time.Hour}
+	if len(policy) > 0 {
+		pol = policy[0]
+	}
 	var handler atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler.Load().(http.Handler).ServeHTTP(w, r)
@@ -40,7 +46,7 @@ func setupHooked(t *testing.T, faults stripesim.Faults) *hooked {
 	m := setupMotionWebhook(t, stripesim.Webhook{URL: srv.URL + consumer.WebhookPath, Secret: testWebhookSecret, Hold: true}, faults, nil)
 	metrics := consumer.NewWebhookMetrics(prometheus.NewRegistry())
 	h, err := consumer.WebhookHandler(consumer.WebhookConfig{DB: m.pool, Schema: testenv.SchemaOf(m.pool), Secret: testWebhookSecret,
-		Retry: consumer.RetryPolicy{Retries: 3, After: time.Hour}, Notifier: m.alerts, Logger: testenv.Logger(t), Clock: m.clk, Metrics: metrics})
+		Retry: pol, Notifier: m.alerts, Logger: testenv.Logger(t), Clock: m.clk, Metrics: metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
