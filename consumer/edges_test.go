@@ -189,4 +189,3 @@ func TestRetryRefusal(t *testing.T) {
 		}
 	}
 }
-
