@@ -443,7 +443,7 @@ func (c *Client) GetCharge(ctx context.Context, id string) (Charge, error) {
 		ch, err := c.api.Charges.Get(id, p)
 		if err != nil {
 			var se *stripe.Error
-			if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound {
+			if errors.As(err, &se) && fromStripe(se) && se.HTTPStatusCode == http.StatusNotFound {
 				return &Error{Kind: ErrInvalidRequest, HTTPStatus: http.StatusNotFound, Message: "no such charge", Err: ErrNoSuchCharge}
 			}
 			return err
