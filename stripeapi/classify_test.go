@@ -202,7 +202,7 @@ func TestFindChargeMatchesTeamChargeNamingThePeriod(t *testing.T) {
 		}
 		return ch
 	}
-	prev := charge("team-oct", "Acme usage, period 2026-10", 2500)
+	prev := charge("team-oct", "Acme usage, period 2026-10, billed 2026-11-01", 2500)
 	cur := charge("team-nov", "Acme usage, period 2026-11 (42 units)", 2500)
 	q := func(period string, amount int64) stripeapi.ChargeQuery {
 		return stripeapi.ChargeQuery{StripeCustomerID: "cus_sw", Since: since, IdempotencyKey: "pelguard-key-" + period,
@@ -216,13 +216,15 @@ func TestFindChargeMatchesTeamChargeNamingThePeriod(t *testing.T) {
 	if got, found, err := team.FindCharge(t.Context(), q("2026-10", 2500)); err != nil || !found || got.ID != prev.ID {
 		t.Fatalf("2026-10: found=%v %s err=%v; want %s", found, got.ID, err, prev.ID)
 	}
-	// A period named by no charge, or another amount: nothing, so it is charged.
-	for _, miss := range []stripeapi.ChargeQuery{q("2026-12", 2500), q("2026-11", 2600), q("2026-1", 2500)} {
+	// A period named by no charge (2026-12), another amount, a prefix of a
+	// period, a charge naming no period: nothing, so it is charged.
+	charge("team-misc", "Acme one-off setup fee", 2700)
+	for _, miss := range []stripeapi.ChargeQuery{q("2026-12", 2500), q("2026-11", 2600), q("2026-1", 2500), q("2026-11", 2700)} {
 		if got, found, err := team.FindCharge(t.Context(), miss); err != nil || found {
 			t.Errorf("%s %d: found %s (err %v), want none", miss.BillingPeriod, miss.AmountCents, got.ID, err)
 		}
 	}
-	if n := len(srv.Charges()); n != 2 {
-		t.Fatalf("%d charges, want 2", n)
+	if n := len(srv.Charges()); n != 3 {
+		t.Fatalf("%d charges, want 3", n)
 	}
 }
