@@ -172,14 +172,13 @@ func decideCharge(rec ledger.Record, res chargeResult, pol RetryPolicy, now time
 // both forms of processing_error (the error's code, or a card_declined's
 // decline_code) as the Stripe adapter classifies them.
 func declineClass(err error) stripeapi.DeclineClass {
-	se := stripeRef(err)
-	return stripeapi.ClassifyDecline(failureCode(se))
+	return stripeapi.DeclineClassOf(err)
 }
 
 // failureCode is the code a decline is recorded and alerted under:
 // decline_code when Stripe sends one, else the error's code.
 func failureCode(se stripeapi.Error) string {
-	return se.DeclineCode
+	return se.FailureCode()
 }
 
 // decideMismatch is the verdict after an idempotency_error's look-up:

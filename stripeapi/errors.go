@@ -2,6 +2,7 @@ package stripeapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -49,8 +50,12 @@ type Error struct {
 	HTTPStatus  int
 	Code        string
 	DeclineCode string
-	RequestID   string
-	Message     string
+	// AdviceCode is the issuer's advice on a decline (do_not_try_again,
+	// try_again_later, confirm_card_data), read from the raw body: stripe-go
+	// v76's Error has no field for it.
+	AdviceCode string
+	RequestID  string
+	Message    string
 	// PaymentIntentID and ChargeID name the intent and the (failed) charge
 	// Stripe's error carries, when it carries them.
 	PaymentIntentID string
@@ -73,6 +78,9 @@ func (e *Error) Error() string {
 		}
 		if e.DeclineCode != "" {
 			fmt.Fprintf(&b, ", decline_code %s", e.DeclineCode)
+		}
+		if e.AdviceCode != "" {
+			fmt.Fprintf(&b, ", advice_code %s", e.AdviceCode)
 		}
 		if e.RequestID != "" {
 			fmt.Fprintf(&b, ", request %s", e.RequestID)
@@ -134,12 +142,20 @@ func classify(err error) error {
 	}
 
 	var se *stripe.Error
-	if errors.As(err, &se) {
+	if errors.As(err, &se) && !fromStripe(se) {
+		// Not Stripe's error body (a proxy's JSON with an "error" object but
+		// none of Stripe's fields): judged by its status like any other
+		// answer that is not Stripe's.
+		err = &statusError{status: se.HTTPStatusCode, err: errors.New(scrub(se.Msg))}
+		se = nil
+	}
+	if se != nil {
 		se.Msg = scrub(se.Msg)
 		out := &Error{
 			HTTPStatus:  se.HTTPStatusCode,
 			Code:        string(se.Code),
 			DeclineCode: string(se.DeclineCode),
+			AdviceCode:  adviceCode(se),
 			RequestID:   se.RequestID,
 			Message:     se.Msg,
 			ChargeID:    se.ChargeID,
@@ -154,6 +170,12 @@ func classify(err error) error {
 			// on-session, can fix it; a retry of the same card fails the same.
 			out.Kind = ErrActionRequired
 			out.Message = "the customer must authenticate the payment (3-D Secure) on-session: " + se.Msg
+		case se.Type == stripe.ErrorTypeCard && out.AdviceCode == AdviceConfirmCardData:
+			// The issuer says the card's data (number, expiry, CVC,
+			// address) is wrong: the same card fails the same way until
+			// the customer corrects it, as with authentication.
+			out.Kind = ErrActionRequired
+			out.Message = "the customer must confirm or update the card's details (issuer advice confirm_card_data): " + se.Msg
 		case se.Code == stripe.ErrorCodePaymentIntentUnexpectedState && se.PaymentIntent != nil &&
 			se.PaymentIntent.Status == stripe.PaymentIntentStatusRequiresPaymentMethod:
 			out.Kind = ErrActionRequired
@@ -192,22 +214,18 @@ func classify(err error) error {
 
 	var st *statusError
 	if errors.As(err, &st) {
-		out := &Error{HTTPStatus: st.status, Message: scrub(st.err.Error()), Err: st.err}
-		switch {
-		case st.status >= 500, st.status == http.StatusTooManyRequests, st.status == http.StatusConflict:
-			out.Kind = ErrTransient
-		case st.status == http.StatusUnauthorized:
-			out.Kind = ErrAuthentication
-		case st.status == http.StatusForbidden:
-			out.Kind = ErrPermission
-		case st.status >= 400:
-			out.Kind = ErrInvalidRequest
-		default:
-			// A 2xx whose body did not decode: the request may have
-			// succeeded, so the outcome is unknown.
-			out.Kind = ErrTransient
-		}
-		return out
+		// An answer that is not a Stripe error body (an HTML 403/404/413
+		// from a load balancer, WAF or corporate proxy, a bare JSON without
+		// Stripe's error object, an empty 502, a 2xx that did not decode).
+		// Whoever sent it, the request may have reached Stripe before it
+		// (a proxy that rejects the response, a gateway that timed out
+		// after forwarding), so the outcome is unknown whatever the status:
+		// retry with the same key, never record a permanent failure that
+		// would move on to a new key. Only Stripe's own bodies, classified
+		// above, say that nothing was charged.
+		return &Error{Kind: ErrTransient, HTTPStatus: st.status, Err: st.err,
+			Message: fmt.Sprintf("status %d without a Stripe error body (a proxy or load balancer answered?); outcome unknown: %s",
+				st.status, scrub(st.err.Error()))}
 	}
 
 	// Everything else is a transport failure (timeout, EOF, connection
@@ -224,12 +242,28 @@ type DeclineClass string
 
 // Decline classes.
 const (
+	// DeclineNone: the error is not a refusal of the payment (nil, a
+	// transient error, an invalid request, …).
+	DeclineNone DeclineClass = ""
 	// DeclineSoft: the issuer may accept a later attempt with the same card
-	// (insufficient funds, a temporary refusal).
+	// (insufficient funds, a temporary refusal, a processing error).
 	DeclineSoft DeclineClass = "soft"
 	// DeclineHard: no retry of this card can succeed (lost, stolen,
-	// fraudulent, closed, invalid): the customer must bring another.
+	// fraudulent, closed, invalid, or the issuer said do_not_try_again):
+	// the customer must bring another.
 	DeclineHard DeclineClass = "hard"
+	// DeclineAction: only the customer can fix it, with the same card
+	// (authenticate on-session, confirm the card's details); the error's
+	// kind is ErrActionRequired and its Message says what is needed.
+	DeclineAction DeclineClass = "action"
+)
+
+// Stripe's advice codes (api_errors.advice_code; the values are the enum of
+// charge.outcome.advice_code). https://docs.stripe.com/declines#retrying-issuer-declines
+const (
+	AdviceDoNotTryAgain   = "do_not_try_again"
+	AdviceTryAgainLater   = "try_again_later"
+	AdviceConfirmCardData = "confirm_card_data"
 )
 
 // softDeclines are Stripe's decline codes whose documented next step is
@@ -237,18 +271,110 @@ const (
 // (https://docs.stripe.com/declines/codes). Every other code, and a
 // decline without a code, is hard: a retry that card networks count as
 // excessive costs more than a late charge, so unknown means "do not retry".
+// The same names are looked up whether Stripe sends them as decline_code
+// or, without one, as the error's code (processing_error, test card
+// 4000000000000119).
 var softDeclines = map[string]bool{
 	"insufficient_funds": true, "do_not_honor": true, "try_again_later": true, "generic_decline": true,
 	"processing_error": true, "issuer_not_available": true, "reenter_transaction": true,
 	"approve_with_id": true, "card_velocity_exceeded": true, "withdrawal_count_limit_exceeded": true,
 }
 
-// ClassifyDecline is the class of a card decline_code.
+// neverRetry are decline codes no advice makes retryable: the card is
+// reported lost or stolen, or the payment fraudulent. Stripe: "don't
+// report more detailed information to your customer" and do not retry
+// (https://docs.stripe.com/declines/codes); card networks forbid
+// reattempts on them.
+var neverRetry = map[string]bool{"lost_card": true, "stolen_card": true, "pickup_card": true, "fraudulent": true}
+
+// ClassifyDecline is the class of a card decline_code alone. Prefer
+// DeclineClassOf(err), which also reads the error's code and the issuer's
+// advice_code.
 func ClassifyDecline(code string) DeclineClass {
 	if softDeclines[code] {
 		return DeclineSoft
 	}
 	return DeclineHard
+}
+
+// DeclineClassOf is the decline class of an error returned by Client:
+// what the next attempt of the same card can do. It is the one decision
+// for a declined charge; callers must not read DeclineCode alone.
+//
+//   - ErrActionRequired (authentication_required, advice confirm_card_data):
+//     DeclineAction.
+//   - ErrCardDeclined: advice_code first, as Stripe documents it
+//     (https://docs.stripe.com/declines#retrying-issuer-declines):
+//     do_not_try_again is hard, try_again_later soft (unless the code says
+//     lost, stolen or fraudulent); without advice, the decline_code or,
+//     when Stripe sends none, the error's own code (processing_error,
+//     expired_card, incorrect_cvc, …) through the soft list.
+//   - anything else: DeclineNone.
+func DeclineClassOf(err error) DeclineClass {
+	var e *Error
+	if !errors.As(err, &e) {
+		return DeclineNone
+	}
+	return e.DeclineClass()
+}
+
+// DeclineClass is DeclineClassOf(e).
+func (e *Error) DeclineClass() DeclineClass {
+	switch {
+	case e == nil:
+		return DeclineNone
+	case errors.Is(e.Kind, ErrActionRequired):
+		return DeclineAction
+	case !errors.Is(e.Kind, ErrCardDeclined):
+		return DeclineNone
+	}
+	code := e.FailureCode()
+	switch {
+	case e.AdviceCode == AdviceDoNotTryAgain, neverRetry[code]:
+		return DeclineHard
+	case e.AdviceCode == AdviceTryAgainLater:
+		return DeclineSoft
+	}
+	return ClassifyDecline(code)
+}
+
+// FailureCode is the most specific reason Stripe gave for a refusal: the
+// decline_code, else the error's code (card_declined without a reason,
+// processing_error, expired_card, …). Record and alert with it.
+func (e *Error) FailureCode() string {
+	if e == nil {
+		return ""
+	}
+	if e.DeclineCode != "" {
+		return e.DeclineCode
+	}
+	return e.Code // card_declined without a reason (hard), processing_error, …
+}
+
+// fromStripe reports whether se is Stripe's own error body: Stripe always
+// sends the error's type (https://docs.stripe.com/api/errors: "type: The
+// type of error returned. One of api_error, card_error, idempotency_error,
+// or invalid_request_error"). stripe-go also turns a proxy's JSON that
+// happens to hold an "error" object into a *stripe.Error; that one has no
+// type.
+func fromStripe(se *stripe.Error) bool { return se.Type != "" }
+
+// adviceCode reads error.advice_code from the raw body stripe-go keeps on
+// the error (LastResponse.RawJSON): stripe-go v76's Error has no field for
+// it. "" when absent or unreadable.
+func adviceCode(se *stripe.Error) string {
+	if se.LastResponse == nil || len(se.LastResponse.RawJSON) == 0 {
+		return ""
+	}
+	var body struct {
+		Error struct {
+			AdviceCode string `json:"advice_code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(se.LastResponse.RawJSON, &body) != nil {
+		return ""
+	}
+	return body.Error.AdviceCode
 }
 
 // retryableDebitFailures are bank-debit failure codes a later

@@ -230,8 +230,9 @@ type ChargeQuery struct {
 	// pelguard marker (invariant 9): a team's old consumer's, or pelguard's
 	// own made with its metadata off. An unmarked succeeded charge of the
 	// customer matches when its amount and currency are these and its
-	// billing period is BillingPeriod (metadata billing_period, and
-	// customer_id when present) or its description is Description. Leave
+	// billing period is BillingPeriod: by metadata billing_period (and
+	// customer_id when present) or, without it, by a description that is
+	// Description or names BillingPeriod (see describesPeriod). Leave
 	// AmountCents 0 to match marked charges only.
 	CustomerID    string
 	BillingPeriod string
@@ -263,7 +264,52 @@ func (q ChargeQuery) Matches(ch Charge) bool {
 		c := ch.Metadata[MetaCustomerID]
 		return p == q.BillingPeriod && (c == "" || c == q.CustomerID)
 	}
-	return q.Description != "" && ch.Description == q.Description
+	return q.Description != "" && ch.Description == q.Description || describesPeriod(ch.Description, q.BillingPeriod)
+}
+
+// describesPeriod reports whether a charge's description names period as
+// a whole token, case aside ("Acme usage 2026-11 (42 units)" names
+// 2026-11; "2026-110", "12026-11" and the date "2026-11-01" do not).
+//
+// Why not the exact description: in switch mode the team's old consumer
+// and pelguard describe the same charge differently (pelguard's
+// --description), and a look-up that wanted pelguard's wording missed the
+// team's charge, so the key was charged again once Stripe forgot it (24 h):
+// a double charge. Why not customer, amount and currency alone, within the
+// look-up's window: a customer billed a flat amount every period has the
+// previous period's charge in the window (a period billed in arrears is
+// charged in the next one), and taking it would leave this period unbilled
+// for good. A charge of the same customer, amount and currency whose
+// description names this very period is this period's charge; one that
+// names no period, or another, is not matched, so the look-up answers
+// "not there" as it did before, and the idempotency key and the consumer's
+// alert, not a guess, decide. foundElsewhere still refuses a match the
+// ledger records under another key.
+func describesPeriod(desc, period string) bool {
+	if period == "" {
+		return false
+	}
+	desc, period = strings.ToLower(desc), strings.ToLower(period)
+	for i := 0; ; {
+		j := strings.Index(desc[i:], period)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(period)
+		// A date in the period ("billed 2026-11-01") does not name it: the
+		// token must not go on with "-" and more of a date.
+		date := end+1 < len(desc) && desc[end] == '-' && isPeriodChar(desc[end+1])
+		if (start == 0 || !isPeriodChar(desc[start-1])) && (end == len(desc) || !isPeriodChar(desc[end])) && !date {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+// isPeriodChar: a character that would continue a period token (periods
+// are like 2026-11, 2026-Q4, 2026-W07).
+func isPeriodChar(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 // FindCharge looks for the succeeded (or pending) charge of q's key created at or after
@@ -443,7 +489,7 @@ func (c *Client) GetCharge(ctx context.Context, id string) (Charge, error) {
 		ch, err := c.api.Charges.Get(id, p)
 		if err != nil {
 			var se *stripe.Error
-			if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound {
+			if errors.As(err, &se) && fromStripe(se) && se.HTTPStatusCode == http.StatusNotFound {
 				return &Error{Kind: ErrInvalidRequest, HTTPStatus: http.StatusNotFound, Message: "no such charge", Err: ErrNoSuchCharge}
 			}
 			return err

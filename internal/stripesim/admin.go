@@ -32,6 +32,8 @@ type FaultsJSON struct {
 	DebitCustomers   []string          `json:"debit_customers,omitempty"`
 	AuthRequired     []string          `json:"auth_required_customers,omitempty"`
 	NoPaymentMethod  []string          `json:"no_payment_method_customers,omitempty"`
+	CardErrorCodes   map[string]string `json:"card_error_codes,omitempty"`
+	AdviceCodes      map[string]string `json:"advice_codes,omitempty"`
 }
 
 func durStr(d time.Duration) string {
@@ -58,6 +60,7 @@ func (f Faults) ToJSON() FaultsJSON {
 	j.FailNextRefunds = f.FailNextRefunds
 	j.DeclineCodes, j.DebitCustomers = f.DeclineCodes, f.DebitCustomers
 	j.AuthRequired, j.NoPaymentMethod = f.AuthRequiredCustomers, f.NoPaymentMethodCustomers
+	j.CardErrorCodes, j.AdviceCodes = f.CardErrorCodes, f.AdviceCodes
 	return j
 }
 
@@ -91,6 +94,7 @@ func (j FaultsJSON) Faults() (Faults, error) {
 	f.FailNextRefunds = j.FailNextRefunds
 	f.DeclineCodes, f.DebitCustomers = j.DeclineCodes, j.DebitCustomers
 	f.AuthRequiredCustomers, f.NoPaymentMethodCustomers = j.AuthRequired, j.NoPaymentMethod
+	f.CardErrorCodes, f.AdviceCodes = j.CardErrorCodes, j.AdviceCodes
 	return f, err
 }
 
@@ -114,7 +118,8 @@ func (j FaultsJSON) Faults() (Faults, error) {
 //	                       in that order (DeliverEvents): replays and out-of-order delivery
 //
 // Per-customer outcomes are faults (POST /_sim/faults): decline_customers,
-// decline_codes {"cus_…": "insufficient_funds"}, debit_customers (end
+// decline_codes {"cus_…": "insufficient_funds"}, card_error_codes
+// {"cus_…": "processing_error"}, advice_codes {"cus_…": "do_not_try_again"}, debit_customers (end
 // "processing"/"pending" until settled), auth_required_customers (402
 // authentication_required off-session, requires_action on-session) and
 // no_payment_method_customers (400, intent requires_payment_method).

@@ -88,7 +88,7 @@ func (s *Server) createCharge(c *apiCall) response {
 	case outPending:
 		ch.status = "pending"
 	case outDeclined, outAuthRequired:
-		ch.decline(oc.declineCode)
+		ch.decline(oc)
 	}
 	st.addCharge(ch)
 	s.emitOutcome(ch, nil, c)
@@ -96,7 +96,7 @@ func (s *Server) createCharge(c *apiCall) response {
 	st.mu.Unlock()
 	s.chargeCreates.Add(1)
 	if ch.status == "failed" {
-		return declinedErr(oc.declineCode, ch.id, nil)
+		return declinedErr(oc, ch.id, nil)
 	}
 	resp = jsonResp(out)
 	resp.createdCharge = true

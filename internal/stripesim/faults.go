@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,17 @@ type Faults struct {
 	// outcome.reason is it. SoftDeclineCodes and HardDeclineCodes list the
 	// codes pelguard tells apart. It wins over DeclineCustomers.
 	DeclineCodes map[string]string
+	// CardErrorCodes maps a customer (or payment method) id to the code of
+	// a card_error Stripe sends WITHOUT a decline_code, as its test cards
+	// do: processing_error (4000000000000119, PMProcessingError),
+	// expired_card (…0069), incorrect_cvc (…0127). The charge fails with
+	// that failure_code. DeclineCodes wins over it.
+	CardErrorCodes map[string]string
+	// AdviceCodes maps a customer (or payment method) id to the issuer's
+	// advice_code on its declines (do_not_try_again, try_again_later,
+	// confirm_card_data): on the 402 error, the intent's
+	// last_payment_error and the charge's outcome, as Stripe sends it.
+	AdviceCodes map[string]string
 	// DebitCustomers are customer or payment-method ids paying by bank debit
 	// (ACH, SEPA, Bacs): a confirmed PaymentIntent ends the create call
 	// "processing" with a "pending" charge, a charge create answers a
@@ -112,6 +124,16 @@ func (f Faults) Validate() error {
 	for id, code := range f.DeclineCodes {
 		if code == "" {
 			errs = append(errs, fmt.Errorf("DeclineCodes[%q] is empty", id))
+		}
+	}
+	for id, code := range f.CardErrorCodes {
+		if code == "" {
+			errs = append(errs, fmt.Errorf("CardErrorCodes[%q] is empty", id))
+		}
+	}
+	for id, code := range f.AdviceCodes {
+		if !slices.Contains(AdviceCodes, code) {
+			errs = append(errs, fmt.Errorf("AdviceCodes[%q] is %q, not one of %v", id, code, AdviceCodes))
 		}
 	}
 	l := f.Latency

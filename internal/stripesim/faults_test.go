@@ -270,3 +270,24 @@ func TestCommitThenDropOnReusedConnection(t *testing.T) {
 		t.Fatal("double charge")
 	}
 }
+
+// TestFaultsValidateCardErrorAndAdviceCodes: an advice code Stripe does not
+// send, or an empty card error code, is refused at start.
+func TestFaultsValidateCardErrorAndAdviceCodes(t *testing.T) {
+	t.Parallel()
+	for _, f := range []Faults{
+		{AdviceCodes: map[string]string{"cus_1": "retry_tomorrow"}},
+		{CardErrorCodes: map[string]string{"cus_1": ""}},
+	} {
+		if err := f.Validate(); err == nil {
+			t.Errorf("Validate(%+v) accepted", f)
+		}
+	}
+	ok := Faults{AdviceCodes: map[string]string{"cus_1": "try_again_later"}, CardErrorCodes: map[string]string{"cus_2": "processing_error"}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if back, err := ok.ToJSON().Faults(); err != nil || back.AdviceCodes["cus_1"] != "try_again_later" || back.CardErrorCodes["cus_2"] != "processing_error" {
+		t.Errorf("JSON round trip: %+v %v", back, err)
+	}
+}

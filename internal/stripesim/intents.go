@@ -1,6 +1,9 @@
 package stripesim
 
-import "net/http"
+import (
+	"cmp"
+	"net/http"
+)
 
 // createIntent serves POST /v1/payment_intents. Without confirm it only
 // records the intent; there is no separate confirm endpoint. With
@@ -91,13 +94,10 @@ func (s *Server) createIntent(c *apiCall) response {
 	case outPending:
 		ch.status, pi.status = "pending", "processing"
 	case outDeclined, outAuthRequired:
-		ch.decline(oc.declineCode)
+		ch.decline(oc)
 		pi.status = "requires_payment_method"
-		pi.lastError = &stripeError{Type: "card_error", Code: "card_declined", DeclineCode: oc.declineCode,
-			Message: ch.failureMessage, Charge: ch.id}
-		if oc.kind == outAuthRequired {
-			pi.lastError.Code = "authentication_required"
-		}
+		e := oc.cardError(ch.id)
+		pi.lastError = &e
 	default:
 		pi.status = "succeeded"
 	}
@@ -111,20 +111,19 @@ func (s *Server) createIntent(c *apiCall) response {
 	}
 	s.chargeCreates.Add(1)
 	if ch.status == "failed" {
-		return declinedErr(oc.declineCode, ch.id, out)
+		return declinedErr(oc, ch.id, out)
 	}
 	resp = jsonResp(out)
 	resp.createdCharge = true
 	return resp
 }
 
-// decline marks a new charge failed by the card issuer with code.
-func (ch *charge) decline(code string) {
-	ch.status, ch.failureCode, ch.declineCode = "failed", "card_declined", code
-	if code == "authentication_required" {
-		ch.failureCode = "authentication_required"
-	}
-	ch.failureMessage = declineMessage(code)
+// decline marks a new charge failed as oc says: failure_code is the
+// error's code (card_declined, authentication_required, processing_error,
+// …), outcome.reason the decline_code when there is one.
+func (ch *charge) decline(oc outcome) {
+	ch.status, ch.failureCode, ch.declineCode, ch.adviceCode = "failed", oc.errCode, oc.declineCode, oc.adviceCode
+	ch.failureMessage = declineMessage(cmp.Or(oc.declineCode, oc.errCode))
 }
 
 // emitOutcome records the events of a charge reaching its status and, when

@@ -477,6 +477,7 @@ type stripeError struct {
 	Type          string `json:"type"`
 	Code          string `json:"code,omitempty"`
 	DeclineCode   string `json:"decline_code,omitempty"`
+	AdviceCode    string `json:"advice_code,omitempty"`
 	Message       string `json:"message"`
 	Param         string `json:"param,omitempty"`
 	Charge        string `json:"charge,omitempty"`

@@ -77,6 +77,7 @@ type charge struct {
 	// declineCode is a card decline's decline_code, rendered as
 	// outcome.reason; empty for debits, whose failureCode says it all.
 	declineCode    string
+	adviceCode     string // the issuer's advice, outcome.advice_code
 	failureMessage string
 	paymentIntent  string
 	paymentMethod  string
@@ -206,6 +207,7 @@ func (c *customer) json() customerJSON {
 }
 
 type outcomeJSON struct {
+	AdviceCode    *string `json:"advice_code"`
 	NetworkStatus string  `json:"network_status"`
 	Reason        *string `json:"reason"`
 	RiskLevel     string  `json:"risk_level"`
@@ -256,7 +258,7 @@ func (c *charge) json() chargeJSON {
 			SellerMessage: "Payment complete.", Type: "authorized"}
 	} else {
 		reason := cmp.Or(c.declineCode, c.failureCode, "generic_decline")
-		out.Outcome = outcomeJSON{NetworkStatus: "declined_by_network", Reason: &reason, RiskLevel: "normal",
+		out.Outcome = outcomeJSON{AdviceCode: nilIfEmpty(c.adviceCode), NetworkStatus: "declined_by_network", Reason: &reason, RiskLevel: "normal",
 			SellerMessage: "The bank did not return any further details with this decline.", Type: "issuer_declined"}
 	}
 	if c.paymentIntent != "" {
