@@ -9,6 +9,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -186,6 +187,46 @@ func TestRetryRefusal(t *testing.T) {
 	} {
 		if got := c.rec.RetryRefusal() != ""; got != c.refuse {
 			t.Errorf("%s: refused %v (%q), want %v", c.name, got, c.rec.RetryRefusal(), c.refuse)
+		}
+	}
+}
+
+// Issue 25 item 4: processing_error sent as the error's code (no
+// decline_code; test card 4000000000000119) is a soft decline, as when it
+// is a card_declined's decline_code: retried under attempt 2's key with no
+// alert, then billed once. Before, the consumer classified by decline_code
+// alone and called it hard: final, unbilled, a "hard decline" alert.
+func TestProcessingErrorIsRetriedInBothForms(t *testing.T) {
+	t.Parallel()
+	asCode, asDecline := ev(1), ev(2)
+	m := setupMotion(t, stripesim.Faults{
+		CardErrorCodes: map[string]string{asCode.StripeCustomerID: "processing_error"},
+		DeclineCodes:   map[string]string{asDecline.StripeCustomerID: "processing_error"},
+	}, nil)
+	m.add(t, asCode, asDecline)
+	for range 2 {
+		if out := m.deliver(t); out != consumer.OutcomeDeclined {
+			t.Fatalf("outcome %s", out)
+		}
+	}
+	for _, e := range []event.Event{asCode, asDecline} {
+		if r := m.record(t, e); r.NextAttemptAt.IsZero() || r.FailureCode != "processing_error" {
+			t.Fatalf("%s: a soft decline must be retried: %+v", e.CustomerID, r)
+		}
+	}
+	if len(m.alerts.Alerts()) != 0 {
+		t.Fatalf("a retried soft decline is not an alert: %v", m.kinds())
+	}
+	if err := m.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	m.advance(time.Hour)
+	if res := m.followUp(t); res.Outcomes[consumer.OutcomeCharged] != 2 {
+		t.Fatalf("the retries: %+v", res)
+	}
+	for _, e := range []event.Event{asCode, asDecline} {
+		if m.charges(e) != 1 {
+			t.Fatalf("%s: %d charges", e.CustomerID, m.charges(e))
 		}
 	}
 }
