@@ -31,6 +31,7 @@ func TestPageQueriesUseIndexes(t *testing.T) {
 		{"overview open findings", qOpenByKind, nil},
 		{"overview last run", qLastRun, nil},
 		{"overview caps", qCaps, []any{12}},
+		{"overview parked", qParked, []any{20}},
 		{"findings, newest", qFindingsAll, findingQuery{Limit: 51}.args()},
 		{"findings, kind", qFindingsAll, findingQuery{findingFilter: findingFilter{Kind: "orphan_charge"}, Limit: 51}.args()},
 		{"findings, open page 2", qFindingsByState, findingQuery{findingFilter: findingFilter{State: "open", Before: 2500}, Limit: 51}.args()},

@@ -109,6 +109,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if data["Parked"], err = parkedRows(ctx, s.db, 20); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	run, err := lastRun(ctx, s.db)
 	if err != nil {
 		s.fail(w, r, err)

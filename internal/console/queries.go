@@ -281,7 +281,9 @@ type periodRow struct {
 
 // qCustomerPeriods pages a customer's periods, newest first, by the
 // primary key; $2 is the keyset (periods before it; ” for the first page).
-const qCustomerPeriods = `SELECT billing_period, status, amount_cents, currency FROM {schema}.billing_records
+const qCustomerPeriods = `SELECT billing_period,
+		CASE WHEN status = 'pending' AND parked_at IS NOT NULL THEN 'parked' ELSE status END, amount_cents, currency
+	FROM {schema}.billing_records
 	WHERE customer_id = $1 AND ($2 = '' OR billing_period < $2) ORDER BY customer_id, billing_period DESC LIMIT $3`
 
 func customerPeriods(ctx context.Context, db pg.DB, customer, before string, n int) ([]periodRow, error) {
@@ -325,4 +327,25 @@ func getAction(ctx context.Context, db pg.DB, id int64) (actionRow, error) {
 		return actionRow{}, fmt.Errorf("reading console action %d: %w", id, err)
 	}
 	return pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[actionRow])
+}
+
+// parkedRow is a pending row the ledger stopped retrying by itself
+// (migration 00011): a person must look.
+type parkedRow struct {
+	CustomerID, Period string
+	Attempt            int
+	ParkedAt           time.Time
+	Reason             string
+}
+
+// qParked reads the parked rows through their partial index.
+const qParked = `SELECT customer_id, billing_period, attempt, parked_at, coalesce(parked_reason, '')
+	FROM {schema}.billing_records WHERE parked_at IS NOT NULL AND status = 'pending' ORDER BY parked_at DESC LIMIT $1`
+
+func parkedRows(ctx context.Context, db pg.DB, n int) ([]parkedRow, error) {
+	rows, err := db.Query(ctx, qParked, n)
+	if err != nil {
+		return nil, fmt.Errorf("reading parked rows: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[parkedRow])
 }
