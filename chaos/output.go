@@ -49,7 +49,8 @@ func (r Report) WriteTable(w io.Writer) error {
 
 // WriteJSON writes the results as a JSON array of objects with exactly the
 // fields scenario, mode, events, charges, duplicate_charges,
-// duplicate_cents, flagged, refunded and net_duplicates.
+// duplicate_cents, flagged, refunded and net_duplicates, and error on a row
+// whose cell did not finish.
 func (r Report) WriteJSON(w io.Writer) error {
 	res := r.Results
 	if res == nil {

@@ -3,7 +3,9 @@
 // real Redis and Postgres and the in-process Stripe emulator, audits both,
 // refunds the naive duplicates, and prints what it cost. It exits 1 when a
 // verdict fails (naive without duplicates, pelguard with any, a duplicate
-// the auditor missed or the refund left), 2 when it could not run.
+// the auditor missed or the refund left), 2 when it could not run (a
+// scenario that did not finish is in the table and the HTML report as a
+// FAILED row, and the verdicts do not hold).
 package main
 
 import (
