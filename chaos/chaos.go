@@ -61,6 +61,9 @@ const (
 	DefaultMinIdle = 200 * time.Millisecond
 	// DefaultSeed makes a run without --seed reproducible.
 	DefaultSeed = 1
+	// DefaultStallTimeout is how long a scenario may make no progress at
+	// all before the drill calls it stuck (at least 10× min-idle).
+	DefaultStallTimeout = time.Minute
 	// minEvents: partial-batch needs one batch for the killed child and at
 	// least one COUNT 10 batch with a 7th event after it.
 	minEvents = 20
@@ -93,9 +96,20 @@ type Config struct {
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
 
+	// Test holds hooks for tests only; the drill leaves it zero.
+	Test TestConfig
+
 	// onStart, for tests, learns the run's id (its schemas are
 	// chaos_<id>_<n>, its streams chaos:<id>:...) once the services answer.
 	onStart func(runID string)
+}
+
+// TestConfig holds hooks for tests only.
+type TestConfig struct {
+	// Deadline, when it returns more than 0 for a cell ("scenario/mode"),
+	// replaces that cell's stall timeout and phase limit: a test makes one
+	// cell miss its deadline.
+	Deadline func(cell string) time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -169,12 +183,22 @@ type Result struct {
 	Refunded int `json:"refunded"`
 	// NetDuplicates recounts the emulator's duplicates after the refunds.
 	NetDuplicates int `json:"net_duplicates"`
+	// Error says why the cell did not finish (a scenario stuck past its
+	// deadline, a service gone); its counts are then what it had reached
+	// and no verdict about it holds. Empty when it finished.
+	Error string `json:"error,omitempty"`
 
 	// OtherFindings counts the auditor's findings that are not duplicates
 	// (orphan, missing, mismatch, stuck): none is expected in either mode.
-	OtherFindings int           `json:"-"`
-	Elapsed       time.Duration `json:"-"`
+	OtherFindings int `json:"-"`
+	// RefundStoppedBy names the auditor's cap that left duplicates open
+	// (RefundReport.StoppedBy); the drill lifts every cap, so any is a bug.
+	RefundStoppedBy string        `json:"-"`
+	Elapsed         time.Duration `json:"-"`
 }
+
+// Failed reports whether the cell did not finish.
+func (x Result) Failed() bool { return x.Error != "" }
 
 // Skip is a scenario the drill could not run here, with the reason.
 type Skip struct {
@@ -199,6 +223,12 @@ func (r Report) Failures() []string {
 	var out []string
 	for _, x := range r.Results {
 		name := x.Scenario + "/" + x.Mode
+		if x.Failed() {
+			// Its counts are wherever it stopped: only the failure says
+			// anything.
+			out = append(out, fmt.Sprintf("%s: FAILED, the run is incomplete: %s", name, x.Error))
+			continue
+		}
 		switch x.Mode {
 		case ModeNaive:
 			if x.DuplicateCharges == 0 {
@@ -217,6 +247,9 @@ func (r Report) Failures() []string {
 		}
 		if x.NetDuplicates != 0 {
 			out = append(out, fmt.Sprintf("%s: %d duplicate(s) left after the refunds", name, x.NetDuplicates))
+		}
+		if x.RefundStoppedBy != "" {
+			out = append(out, fmt.Sprintf("%s: the refund run stopped at the auditor's --%s cap (the drill must lift every cap)", name, x.RefundStoppedBy))
 		}
 		if x.OtherFindings != 0 {
 			out = append(out, fmt.Sprintf("%s: the auditor reported %d finding(s) other than duplicates", name, x.OtherFindings))
@@ -237,11 +270,18 @@ func Dollars(cents int64) string {
 	return fmt.Sprintf("%s$%d.%02d", sign, cents/100, cents%100)
 }
 
+// Incomplete reports whether a cell did not finish.
+func (r Report) Incomplete() bool {
+	return slices.ContainsFunc(r.Results, Result.Failed)
+}
+
 // Run runs the configured scenarios, each in both modes, and audits them.
-// It returns the report so far together with an error when a scenario could
-// not be carried out (a service down, a scenario that never finished); the
-// verdicts are Report.Failures. Everything it created is removed before it
-// returns, also when ctx is cancelled.
+// A cell that cannot be carried out (a scenario stuck past its deadline, a
+// service down) is in the report as a failed row and the others still run
+// (each cell has its own stream, schema and emulator); Run then also returns
+// every such error. An interrupted run (ctx) stops at once. The verdicts are
+// Report.Failures. Everything it created is removed before it returns, also
+// when ctx is cancelled.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -260,6 +300,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 
 	total := len(cfg.Scenarios) * 2
 	n := 0
+	var errs []error
 	for _, sc := range cfg.Scenarios {
 		if sc == ScenarioAOFRollback {
 			if why := redisServerMissing(); why != "" {
@@ -272,14 +313,18 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		for _, mode := range []string{ModeNaive, ModePelguard} {
 			n++
 			res, err := d.runCell(ctx, sc, mode, n, total)
-			if err != nil {
+			if err != nil && ctx.Err() != nil {
+				// Interrupted: no row, the run is not a report.
 				rep.Elapsed = time.Since(start)
 				return rep, fmt.Errorf("%s/%s: %w", sc, mode, err)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s/%s: %w", sc, mode, err))
 			}
 			rep.Results = append(rep.Results, res)
 		}
 	}
 	rep.Elapsed = time.Since(start)
 	d.progress.done()
-	return rep, nil
+	return rep, errors.Join(errs...)
 }

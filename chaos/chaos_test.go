@@ -261,3 +261,26 @@ func TestFailuresSayWhy(t *testing.T) {
 		t.Errorf("an empty run must fail: %v", f)
 	}
 }
+
+// A failed cell is a failure of its own, and no other verdict is drawn from
+// the counts it happened to reach.
+func TestFailedCellFailsTheVerdicts(t *testing.T) {
+	t.Parallel()
+	rep := sampleReport()
+	rep.Results[1] = Result{Scenario: ScenarioPartialBatch, Mode: ModePelguard, Events: 20, Charges: 3,
+		Error: "the scenario did not finish: no progress for 1m0s"}
+	if !rep.Incomplete() {
+		t.Fatal("not incomplete")
+	}
+	f := rep.Failures()
+	if len(f) != 1 || !strings.Contains(f[0], "partial-batch/pelguard: FAILED") {
+		t.Errorf("failures %q", f)
+	}
+	var page bytes.Buffer
+	if err := rep.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	if h := page.String(); strings.Contains(h, "Verdicts hold") || !strings.Contains(h, "no progress for 1m0s") {
+		t.Errorf("HTML:\n%s", h)
+	}
+}

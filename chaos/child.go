@@ -52,6 +52,22 @@ func RunChildIfRequested() (code int, ok bool) {
 
 func killSelf() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 
+// killAfterCharge is the pelguard child's Stripe: the process dies as
+// Stripe's first successful charge reply arrives, before the consumer
+// records or acks anything. consumer.TestConfig.AfterStripeReply fires
+// after any reply, an error too: on a loaded machine a call that failed
+// (its lease lost, a timeout) killed the child with nothing charged, and
+// partial-batch/pelguard failed with "the child died before any charge".
+type killAfterCharge struct{ *stripeapi.Client }
+
+func (k killAfterCharge) Charge(ctx context.Context, req stripeapi.ChargeRequest) (stripeapi.Charge, error) {
+	ch, err := k.Client.Charge(ctx, req)
+	if err == nil {
+		killSelf()
+	}
+	return ch, err
+}
+
 func runChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -94,9 +110,8 @@ func runChild(mode string) error {
 			return fmt.Errorf("parsing the lease: %w", err)
 		}
 		c, err := consumer.New(consumer.Config{
-			Redis: rdb, DB: pool, Schema: os.Getenv(envSchema), Stripe: sc, Stream: stream, Group: group,
+			Redis: rdb, DB: pool, Schema: os.Getenv(envSchema), Stripe: killAfterCharge{sc}, Stream: stream, Group: group,
 			Name: "child", Namespace: namespace, Count: 10, Workers: 4, Lease: l, Block: 50 * time.Millisecond,
-			Test: consumer.TestConfig{AfterStripeReply: killSelf},
 		})
 		if err != nil {
 			return err

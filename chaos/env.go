@@ -276,33 +276,73 @@ func (s state) String() string {
 
 // waitDrained waits until every entry of the stream has been delivered and
 // acknowledged, and (pelguard) every event has a terminal ledger row.
-func (c *cell) waitDrained(ctx context.Context, timeout time.Duration) error {
-	return c.waitUntil(ctx, timeout, func(s state) bool {
+func (c *cell) waitDrained(ctx context.Context) error {
+	return c.waitUntil(ctx, func(s state) bool {
 		return s.pending == 0 && s.lag == 0 && (c.mode == ModeNaive || s.terminal == len(c.events))
 	})
+}
+
+// stallTimeout is how long a phase may go without any progress (charges,
+// PEL, lag or ledger rows changing) before the drill calls it stuck. A fixed
+// deadline for the whole phase failed healthy runs on a loaded machine; a
+// stuck run is one that stops moving, however slowly it moved before. The
+// slowest legitimate pause is inflight-reclaim's slow Stripe call (3×
+// min-idle) followed by the monitor's or reaper's min-idle.
+func (c *cell) stallTimeout() time.Duration {
+	if d := c.testDeadline(); d > 0 {
+		return d
+	}
+	return max(DefaultStallTimeout, 10*c.d.cfg.MinIdle)
+}
+
+// phaseLimit bounds a phase that keeps moving but never finishes (a
+// livelock): generous, and proportional to the work, about fifty times what
+// an event takes on an idle machine.
+func (c *cell) phaseLimit() time.Duration {
+	if d := c.testDeadline(); d > 0 {
+		return d
+	}
+	return 5*time.Minute + time.Duration(len(c.events))*500*time.Millisecond
+}
+
+func (c *cell) testDeadline() time.Duration {
+	if f := c.d.cfg.Test.Deadline; f != nil {
+		return f(c.scenario + "/" + c.mode)
+	}
+	return 0
 }
 
 // waitUntil polls until done holds twice in a row. It polls real servers
 // and other goroutines' effects on them, so a poll is the only way to wait;
 // twice, 50 ms apart, because a monitor may be between XAUTOCLAIM and its
-// charge when the PEL looks empty.
-func (c *cell) waitUntil(ctx context.Context, timeout time.Duration, done func(state) bool) error {
-	deadline := time.Now().Add(timeout)
+// charge when the PEL looks empty. It gives up when the state stops moving
+// for stallTimeout, or after phaseLimit.
+func (c *cell) waitUntil(ctx context.Context, done func(state) bool) error {
+	stall, limit := c.stallTimeout(), c.phaseLimit()
+	began := time.Now()
+	moved := began
+	var last state
 	stable := 0
-	for {
+	for first := true; ; first = false {
 		s, err := c.state(ctx)
 		if err != nil {
 			return err
 		}
-		if done(s) {
+		now := time.Now()
+		if first || s != last {
+			last, moved = s, now
+		}
+		switch {
+		case now.Sub(began) > limit:
+			return fmt.Errorf("%w within %s: %s", errNotDone, limit, s)
+		case done(s):
 			if stable++; stable >= 2 {
 				return nil
 			}
-		} else {
+		case now.Sub(moved) > stall:
+			return fmt.Errorf("%w: no progress for %s (after %s): %s", errNotDone, stall, now.Sub(began).Round(time.Second), s)
+		default:
 			stable = 0
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w within %s: %s", errNotDone, timeout, s)
 		}
 		c.d.progress.update(c, s.String())
 		select {

@@ -9,14 +9,21 @@ import (
 	"time"
 )
 
-// WriteTable writes the drill's table: one row per scenario and mode, then
-// any skipped scenario with its reason.
+// WriteTable writes the drill's table: one row per scenario and mode (a
+// cell that did not finish is marked FAILED, with the counts it reached),
+// then any skipped scenario with its reason, and, when a cell failed, why
+// and that the verdicts do not hold: a pasted table must not pass for a
+// clean run.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tmode\tevents\tcharges\tduplicate charges\tdollars double-charged\tflagged\trefunded\tnet duplicates after refunds\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t\n", x.Scenario, x.Mode, x.Events, x.Charges,
-			x.DuplicateCharges, Dollars(x.DuplicateCents), x.Flagged, x.Refunded, x.NetDuplicates)
+		mark := ""
+		if x.Failed() {
+			mark = "  FAILED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", x.Scenario, x.Mode, x.Events, x.Charges,
+			x.DuplicateCharges, Dollars(x.DuplicateCents), x.Flagged, x.Refunded, x.NetDuplicates, mark)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -26,12 +33,24 @@ func (r Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
-	return nil
+	if !r.Incomplete() {
+		return nil
+	}
+	for _, x := range r.Results {
+		if x.Failed() {
+			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := fmt.Fprintln(w, "INCOMPLETE: the verdicts do not hold")
+	return err
 }
 
 // WriteJSON writes the results as a JSON array of objects with exactly the
 // fields scenario, mode, events, charges, duplicate_charges,
-// duplicate_cents, flagged, refunded and net_duplicates.
+// duplicate_cents, flagged, refunded and net_duplicates, and error on a row
+// whose cell did not finish.
 func (r Report) WriteJSON(w io.Writer) error {
 	res := r.Results
 	if res == nil {
@@ -99,7 +118,11 @@ func (r Report) htmlData() htmlData {
 			d.Bars = append(d.Bars, bar{X: x + i*(barW+gap), Y: d.Base - h, W: barW, H: h, Class: v.class,
 				Title: fmt.Sprintf("%s / %s: %d %s", res.Scenario, res.Mode, v.n, v.what)})
 		}
-		d.Groups = append(d.Groups, group{X: x + barW + gap/2, Label: res.Scenario, Mode: res.Mode})
+		mode := res.Mode
+		if res.Failed() {
+			mode += " (FAILED)"
+		}
+		d.Groups = append(d.Groups, group{X: x + barW + gap/2, Label: res.Scenario, Mode: mode})
 		x += 2*(barW+gap) + groupGap
 	}
 	d.Width, d.Height = max(x+left, 300), d.Base+60
@@ -119,7 +142,7 @@ var htmlReport = template.Must(template.New("report").Funcs(template.FuncMap{
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:70em}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}
 th{background:#f4f4f4}td:first-child,td:nth-child(2){text-align:left}
-tr.naive td{background:#fff6f4}tr.pelguard td{background:#f4fbf4}
+tr.naive td{background:#fff6f4}tr.pelguard td{background:#f4fbf4}tr.failed td{background:#fbe0e0;font-weight:bold}
 .charges{fill:#4a7bd0}.dups{fill:#d9412b}.axis{stroke:#999}.lbl{font-size:11px;fill:#444}
 .ok{color:#1a7f37}.bad{color:#c62828}
 </style></head><body>
@@ -135,11 +158,12 @@ pelguard (consumer + reaper); the auditor then flags the naive run's duplicates 
 <rect class="dups" x="130" y="{{$.Base}}" transform="translate(0,40)" width="10" height="10"/><text class="lbl" x="144" y="{{$.Base}}" dy="49">duplicate charges</text>
 </svg>
 <table>
-<tr><th>scenario</th><th>mode</th><th>events</th><th>charges</th><th>duplicate charges</th><th>dollars double-charged</th><th>flagged</th><th>refunded</th><th>net duplicates after refunds</th></tr>
-{{range .Report.Results}}<tr class="{{.Mode}}"><td>{{.Scenario}}</td><td>{{.Mode}}</td><td>{{.Events}}</td><td>{{.Charges}}</td><td>{{.DuplicateCharges}}</td><td>{{dollars .DuplicateCents}}</td><td>{{.Flagged}}</td><td>{{.Refunded}}</td><td>{{.NetDuplicates}}</td></tr>
+<tr><th>scenario</th><th>mode</th><th>events</th><th>charges</th><th>duplicate charges</th><th>dollars double-charged</th><th>flagged</th><th>refunded</th><th>net duplicates after refunds</th>{{if .Report.Incomplete}}<th>status</th>{{end}}</tr>
+{{range .Report.Results}}<tr class="{{.Mode}}{{if .Failed}} failed{{end}}"><td>{{.Scenario}}</td><td>{{.Mode}}</td><td>{{.Events}}</td><td>{{.Charges}}</td><td>{{.DuplicateCharges}}</td><td>{{dollars .DuplicateCents}}</td><td>{{.Flagged}}</td><td>{{.Refunded}}</td><td>{{.NetDuplicates}}</td>{{if $.Report.Incomplete}}<td class="{{if .Failed}}bad{{else}}ok{{end}}">{{if .Failed}}FAILED: {{.Error}}{{else}}finished{{end}}</td>{{end}}</tr>
 {{end}}</table>
 {{range .Report.Skipped}}<p class="bad">SKIPPED {{.Scenario}}: {{.Reason}}</p>
-{{end}}{{if .Failures}}<h2 class="bad">Verdicts failed</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
+{{end}}{{if .Report.Incomplete}}<h2 class="bad">Verdicts do not hold: the run is incomplete</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
+{{else if .Failures}}<h2 class="bad">Verdicts do not hold</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
 {{else}}<p class="ok"><strong>Verdicts hold:</strong> the naive code double-charged in every scenario, pelguard never did,
 the auditor flagged every duplicate and the refunds left none.</p>{{end}}
 </body></html>

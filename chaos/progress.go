@@ -69,6 +69,25 @@ func (p *progress) finish(_ *cell, r Result) {
 	p.drawn = false
 }
 
+// fail writes a cell's failure line; c is nil when the cell could not even
+// be set up.
+func (p *progress) fail(c *cell, n, total int, r Result) {
+	if p == nil || p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+	label := p.label
+	if c == nil {
+		label = fmt.Sprintf("[%d/%d] %s / %s", n, total, r.Scenario, r.Mode)
+	}
+	fmt.Fprintf(p.w, "chaos: %s: FAILED after %.1fs: %s\n", label, r.Elapsed.Seconds(), r.Error)
+}
+
 func (p *progress) note(msg string) {
 	if p == nil || p.w == nil {
 		return

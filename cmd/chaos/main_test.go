@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pelguard/pelguard/chaos"
 	"github.com/pelguard/pelguard/internal/testenv"
@@ -96,5 +97,57 @@ func TestMissingRedisServerSkipsAOFRollback(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "expired-key") || strings.Contains(stdout.String(), "aof-rollback     naive") {
 		t.Errorf("table:\n%s", stdout.String())
+	}
+}
+
+// A cell that misses its deadline is a row marked FAILED in the table and
+// the HTML report, the verdicts do not hold (no "Verdicts hold" anywhere)
+// and the exit status is 2 (issue 25, item 9: the row used to be dropped
+// and the HTML stayed green).
+func TestMissedDeadlineIsReportedAsFailed(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	page := filepath.Join(t.TempDir(), "report.html")
+	hooks := chaos.TestConfig{Deadline: func(cell string) time.Duration {
+		if cell == "expired-key/pelguard" {
+			return time.Nanosecond
+		}
+		return 0
+	}}
+	code := runWith(context.Background(), args("--scenario", "expired-key", "--html", page), &stdout, &stderr, hooks)
+	if code == 0 {
+		t.Fatalf("exit 0 with a cell past its deadline: %s", stderr.String())
+	}
+	table := stdout.String()
+	t.Logf("exit %d\n%s%s", code, table, stderr.String())
+	var row string
+	for _, l := range strings.Split(table, "\n") {
+		if strings.Contains(l, "expired-key") && strings.Contains(l, "pelguard") && !strings.HasPrefix(l, "FAILED") {
+			row = l
+		}
+	}
+	if !strings.HasSuffix(strings.TrimSpace(row), "FAILED") {
+		t.Errorf("no pelguard row marked FAILED in the table:\n%s", table)
+	}
+	for _, w := range []string{"FAILED expired-key/pelguard: the scenario did not finish", "INCOMPLETE: the verdicts do not hold", "expired-key     naive"} {
+		if !strings.Contains(table, w) {
+			t.Errorf("table lacks %q:\n%s", w, table)
+		}
+	}
+	if !strings.Contains(stderr.String(), "VERDICTS DO NOT HOLD") || strings.Contains(strings.ToLower(stderr.String()), "verdicts hold") {
+		t.Errorf("stderr:\n%s", stderr.String())
+	}
+	h, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatalf("HTML report: %v", err)
+	}
+	html := string(h)
+	for _, w := range []string{"Verdicts do not hold: the run is incomplete", `class="pelguard failed"`, "FAILED: the scenario did not finish", "expired-key/pelguard: FAILED"} {
+		if !strings.Contains(html, w) {
+			t.Errorf("HTML lacks %q", w)
+		}
+	}
+	if strings.Contains(html, "Verdicts hold") {
+		t.Error("the HTML report of a failed run says the verdicts hold")
 	}
 }
