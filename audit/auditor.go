@@ -310,7 +310,12 @@ func (a *Auditor) audit(ctx context.Context, w Window, rep *Report) error {
 	}
 	phase("grouping")
 	fs = append(fs, cfs...)
-	sfs, err := a.stuckFindings(ctx, w.Period)
+	ufs, err := a.unsettledFindings(ctx, rep.RunID, w.Period)
+	if err != nil {
+		return err
+	}
+	fs = append(fs, ufs...)
+	sfs, err := a.stuckFindings(ctx, w.Period, ufs)
 	if err != nil {
 		return err
 	}
@@ -373,10 +378,33 @@ func cmpStrings(a, b string) int {
 	return 0
 }
 
-func (a *Auditor) stuckFindings(ctx context.Context, period string) ([]Finding, error) {
+// stuckFindings reports the pending rows nobody works on (StuckAfter) and
+// the processing rows whose debit has been in motion longer than any bank
+// takes to settle one (StuckProcessingAfter), except the rows unsettled
+// already reports.
+func (a *Auditor) stuckFindings(ctx context.Context, period string, unsettled []Finding) ([]Finding, error) {
 	var fs []Finding
 	now := a.cfg.Clock.Now()
-	err := a.ledger.ScanStuckPending(ctx, now.Add(-a.cfg.StuckAfter), func(r ledger.Record) error {
+	reported := map[string]bool{}
+	for _, f := range unsettled {
+		reported[f.Subject] = true
+	}
+	err := a.ledger.ScanStuckProcessing(ctx, now.Add(-a.cfg.StuckProcessingAfter), func(r ledger.Record) error {
+		if (period != "" && r.BillingPeriod != period) || reported[r.IdempotencyKey] {
+			return nil
+		}
+		fs = append(fs, Finding{Kind: KindStuckPending, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
+			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, ChargeID: r.ChargeID,
+			IdempotencyKey: r.IdempotencyKey, AmountCents: r.AmountCents, Currency: r.Currency,
+			Detail: fmt.Sprintf("processing since %s: its debit %s has waited longer than --stuck-processing-after (%s) for a settlement "+
+				"no bank takes that long to give; the consumer's follow-up loop (polls, webhooks) is off or failing: check the charge at Stripe",
+				r.UpdatedAt.UTC().Format(time.RFC3339), r.ChargeID, a.cfg.StuckProcessingAfter)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading stuck processing rows: %w", err)
+	}
+	err = a.ledger.ScanStuckPending(ctx, now.Add(-a.cfg.StuckAfter), func(r ledger.Record) error {
 		if period != "" && r.BillingPeriod != period {
 			return nil
 		}

@@ -46,6 +46,14 @@ const (
 	// DefaultStuckAfter is how long a pending row may sit without a live
 	// lease before it is a stuck_pending finding.
 	DefaultStuckAfter = time.Hour
+	// DefaultStuckProcessingAfter is how long a processing row (a bank
+	// debit in motion) may wait for its settlement before it is a
+	// stuck_pending finding. The slowest debits Stripe offers take up to
+	// 14 business days to succeed or fail (SEPA Direct Debit; ACH and
+	// Bacs take under a week), which is about 20 calendar days with
+	// weekends: three weeks passes every honest settlement, and still
+	// reports a row nobody settles within the month's billing.
+	DefaultStuckProcessingAfter = 21 * 24 * time.Hour
 	// DefaultParallel is how many sub-windows are listed at once.
 	DefaultParallel = 4
 	// DefaultLookupBatch is how many ledger keys one query reads.
@@ -99,7 +107,13 @@ type Config struct {
 	InitialLookback time.Duration
 	ChargeLag       time.Duration
 	StuckAfter      time.Duration
-	PeriodGrace     time.Duration
+	// StuckProcessingAfter is how long a processing row may wait for its
+	// debit's settlement before it is stuck_pending (default
+	// DefaultStuckProcessingAfter). A remembered debit the auditor finds
+	// final while its row is still processing is reported at once,
+	// whatever this says.
+	StuckProcessingAfter time.Duration
+	PeriodGrace          time.Duration
 	// Parallel is the number of sub-windows listed concurrently.
 	Parallel int
 	// LookupBatch is the number of ledger keys read per query.
@@ -152,6 +166,7 @@ func (c Config) withDefaults() Config {
 	c.InitialLookback = cmp.Or(c.InitialLookback, DefaultInitialLookback)
 	c.ChargeLag = cmp.Or(c.ChargeLag, DefaultChargeLag)
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	c.StuckProcessingAfter = cmp.Or(c.StuckProcessingAfter, DefaultStuckProcessingAfter)
 	c.PeriodGrace = cmp.Or(c.PeriodGrace, DefaultPeriodGrace)
 	c.Parallel = cmp.Or(c.Parallel, DefaultParallel)
 	c.LookupBatch = cmp.Or(c.LookupBatch, DefaultLookupBatch)
@@ -183,7 +198,7 @@ func (c Config) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"SettleDelay": c.SettleDelay, "Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
-		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "PeriodGrace": c.PeriodGrace,
+		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "StuckProcessingAfter": c.StuckProcessingAfter, "PeriodGrace": c.PeriodGrace,
 		"LockWait": c.LockWait, "ProgressInterval": c.ProgressInterval,
 	} {
 		if d < 0 {

@@ -44,6 +44,8 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Overlap, "overlap", audit.DefaultOverlap, "reach this far back before the last checkpoint")
 	fs.DurationVar(&c.InitialLookback, "initial-lookback", audit.DefaultInitialLookback, "window of the very first run")
 	fs.DurationVar(&c.StuckAfter, "stuck-after", audit.DefaultStuckAfter, "a pending row without a live lease this long is stuck_pending")
+	fs.DurationVar(&c.StuckProcessingAfter, "stuck-processing-after", audit.DefaultStuckProcessingAfter,
+		"a processing row (a bank debit in motion) unsettled this long is stuck_pending (SEPA debits take up to 14 business days)")
 	fs.DurationVar(&c.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
 	fs.StringVar(&o.Schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
 	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents and the rolling --max-refunds-24h and --max-cents-24h")
