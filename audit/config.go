@@ -33,6 +33,9 @@ const (
 	// a consumer writes the ledger after Stripe answers, so the newest
 	// minutes would otherwise look like orphans.
 	DefaultSettleDelay = 10 * time.Minute
+	// NoSettleDelay, as Config.SettleDelay, audits up to now (River's -1
+	// for "disabled"): the zero value takes DefaultSettleDelay.
+	NoSettleDelay time.Duration = -1
 	// DefaultOverlap is how far each run reaches back before the previous
 	// checkpoint, so a charge created near the boundary is seen twice rather
 	// than never (findings are idempotent, so twice costs nothing).
@@ -102,6 +105,9 @@ type Config struct {
 	// global provider, a no-op unless the binary installed the SDK.
 	TracerProvider trace.TracerProvider
 
+	// SettleDelay keeps a window's end this far behind now; 0 takes
+	// DefaultSettleDelay, NoSettleDelay none (`auditor run --settle-delay
+	// 0`).
 	SettleDelay     time.Duration
 	Overlap         time.Duration
 	InitialLookback time.Duration
@@ -161,7 +167,12 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.SettleDelay = cmp.Or(c.SettleDelay, DefaultSettleDelay)
+	switch c.SettleDelay {
+	case 0:
+		c.SettleDelay = DefaultSettleDelay
+	case NoSettleDelay:
+		c.SettleDelay = 0
+	}
 	c.Overlap = cmp.Or(c.Overlap, DefaultOverlap)
 	c.InitialLookback = cmp.Or(c.InitialLookback, DefaultInitialLookback)
 	c.ChargeLag = cmp.Or(c.ChargeLag, DefaultChargeLag)
@@ -197,13 +208,16 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{
-		"SettleDelay": c.SettleDelay, "Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
+		"Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
 		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "StuckProcessingAfter": c.StuckProcessingAfter, "PeriodGrace": c.PeriodGrace,
 		"LockWait": c.LockWait, "ProgressInterval": c.ProgressInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
 		}
+	}
+	if c.SettleDelay < 0 && c.SettleDelay != NoSettleDelay {
+		errs = append(errs, fmt.Errorf("SettleDelay must not be negative (NoSettleDelay for none), got %s", c.SettleDelay))
 	}
 	if c.Parallel < 0 || c.Parallel > 64 {
 		errs = append(errs, fmt.Errorf("parallel must be between 1 and 64, got %d", c.Parallel))
