@@ -56,7 +56,9 @@ func (a *Auditor) chargeFindings(ctx context.Context, c *collector) ([]Finding, 
 		}
 		for i, g := range batch {
 			r, ok := recs[keys[i]]
-			fs = append(fs, groupFindings(g.k, g.es, c.takeLegacy(g.k, g.es, shared, team), r, ok)...)
+			legacy, ambiguous := matchLegacy(g.k, g.es, c.takeLegacy(g.k, g.es, shared, team), r, ok)
+			fs = append(fs, ambiguous...)
+			fs = append(fs, groupFindings(g.k, g.es, legacy, r, ok)...)
 		}
 		clear(batch)
 		batch = batch[:0]

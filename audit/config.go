@@ -33,6 +33,9 @@ const (
 	// a consumer writes the ledger after Stripe answers, so the newest
 	// minutes would otherwise look like orphans.
 	DefaultSettleDelay = 10 * time.Minute
+	// NoSettleDelay, as Config.SettleDelay, audits up to now (River's -1
+	// for "disabled"): the zero value takes DefaultSettleDelay.
+	NoSettleDelay time.Duration = -1
 	// DefaultOverlap is how far each run reaches back before the previous
 	// checkpoint, so a charge created near the boundary is seen twice rather
 	// than never (findings are idempotent, so twice costs nothing).
@@ -46,6 +49,14 @@ const (
 	// DefaultStuckAfter is how long a pending row may sit without a live
 	// lease before it is a stuck_pending finding.
 	DefaultStuckAfter = time.Hour
+	// DefaultStuckProcessingAfter is how long a processing row (a bank
+	// debit in motion) may wait for its settlement before it is a
+	// stuck_pending finding. The slowest debits Stripe offers take up to
+	// 14 business days to succeed or fail (SEPA Direct Debit; ACH and
+	// Bacs take under a week), which is about 20 calendar days with
+	// weekends: three weeks passes every honest settlement, and still
+	// reports a row nobody settles within the month's billing.
+	DefaultStuckProcessingAfter = 21 * 24 * time.Hour
 	// DefaultParallel is how many sub-windows are listed at once.
 	DefaultParallel = 4
 	// DefaultLookupBatch is how many ledger keys one query reads.
@@ -94,12 +105,21 @@ type Config struct {
 	// global provider, a no-op unless the binary installed the SDK.
 	TracerProvider trace.TracerProvider
 
+	// SettleDelay keeps a window's end this far behind now; 0 takes
+	// DefaultSettleDelay, NoSettleDelay none (`auditor run --settle-delay
+	// 0`).
 	SettleDelay     time.Duration
 	Overlap         time.Duration
 	InitialLookback time.Duration
 	ChargeLag       time.Duration
 	StuckAfter      time.Duration
-	PeriodGrace     time.Duration
+	// StuckProcessingAfter is how long a processing row may wait for its
+	// debit's settlement before it is stuck_pending (default
+	// DefaultStuckProcessingAfter). A remembered debit the auditor finds
+	// final while its row is still processing is reported at once,
+	// whatever this says.
+	StuckProcessingAfter time.Duration
+	PeriodGrace          time.Duration
 	// Parallel is the number of sub-windows listed concurrently.
 	Parallel int
 	// LookupBatch is the number of ledger keys read per query.
@@ -147,11 +167,17 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.SettleDelay = cmp.Or(c.SettleDelay, DefaultSettleDelay)
+	switch c.SettleDelay {
+	case 0:
+		c.SettleDelay = DefaultSettleDelay
+	case NoSettleDelay:
+		c.SettleDelay = 0
+	}
 	c.Overlap = cmp.Or(c.Overlap, DefaultOverlap)
 	c.InitialLookback = cmp.Or(c.InitialLookback, DefaultInitialLookback)
 	c.ChargeLag = cmp.Or(c.ChargeLag, DefaultChargeLag)
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	c.StuckProcessingAfter = cmp.Or(c.StuckProcessingAfter, DefaultStuckProcessingAfter)
 	c.PeriodGrace = cmp.Or(c.PeriodGrace, DefaultPeriodGrace)
 	c.Parallel = cmp.Or(c.Parallel, DefaultParallel)
 	c.LookupBatch = cmp.Or(c.LookupBatch, DefaultLookupBatch)
@@ -182,13 +208,16 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{
-		"SettleDelay": c.SettleDelay, "Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
-		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "PeriodGrace": c.PeriodGrace,
+		"Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
+		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "StuckProcessingAfter": c.StuckProcessingAfter, "PeriodGrace": c.PeriodGrace,
 		"LockWait": c.LockWait, "ProgressInterval": c.ProgressInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
 		}
+	}
+	if c.SettleDelay < 0 && c.SettleDelay != NoSettleDelay {
+		errs = append(errs, fmt.Errorf("SettleDelay must not be negative (NoSettleDelay for none), got %s", c.SettleDelay))
 	}
 	if c.Parallel < 0 || c.Parallel > 64 {
 		errs = append(errs, fmt.Errorf("parallel must be between 1 and 64, got %d", c.Parallel))

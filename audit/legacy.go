@@ -149,10 +149,10 @@ func (a *Auditor) sharing(ctx context.Context, c *collector) (map[groupKey]int, 
 // the pelguard group k: those of its Stripe customers and period that no
 // other pelguard group shares.
 //
-// Nor do they join when the team's customers (team) say that Stripe
-// customer stands for several of them: the old charge may be another
-// customer's only charge, and joining would make it a refundable duplicate
-// of this group's.
+// Nor do they join unless the team's customers (team) name exactly one on
+// that Stripe customer: the old charge may be another customer's only
+// charge, and joining would make it a refundable duplicate of this
+// group's. Those that join are then matched by amount (matchLegacy).
 func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int, team teamMap) []entry {
 	if len(shared) == 0 {
 		return nil
@@ -160,7 +160,7 @@ func (c *collector) takeLegacy(k groupKey, es []entry, shared map[groupKey]int, 
 	var out []entry
 	stripeCustomers(es, func(s string) {
 		sk := groupKey{s, k.period}
-		if shared[sk] == 1 && len(team[s]) < 2 {
+		if shared[sk] == 1 && len(team[s]) == 1 {
 			out = append(out, c.legacy[sk]...)
 			delete(c.legacy, sk)
 		}
@@ -189,14 +189,14 @@ func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entr
 				fs = append(fs, splitLegacy(k, groups[k], rows[sk], tc)...)
 				continue
 			}
-			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0)...)
+			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0, team[k.customer])...)
 		}
 		keys = keys[:0]
 		return nil
 	}
 	for k, es := range groups {
 		if n := shared[k]; n > 1 && len(team[k.customer]) < 2 {
-			fs = append(fs, legacyGroupFindings(k, es, nil, n)...)
+			fs = append(fs, legacyGroupFindings(k, es, nil, n, team[k.customer])...)
 			continue
 		}
 		keys = append(keys, ledger.StripeKey{StripeCustomerID: k.customer, BillingPeriod: k.period})
@@ -217,30 +217,43 @@ func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entr
 // legacyGroupFindings reports the duplicates among the legacy charges of one
 // Stripe customer and period that no pelguard charge of the window joined.
 // rows are the ledger's rows for that key; shared > 1 says that many
-// pelguard groups bill it (rows is then nil).
+// pelguard groups bill it (rows is then nil); team lists the team's
+// customers known on the Stripe customer (any period).
 //
 // With exactly one row, its customer goes on the findings and, when it is
 // charged, its charge is the canonical one: it was not listed in this
-// window (a listed charge of the ledger's is in a pelguard group), so every
-// legacy charge here is a second charge. Otherwise the earliest billable
-// charge is canonical.
-func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared int) []Finding {
+// window (a listed charge of the ledger's is in a pelguard group), so a
+// legacy charge here of its amount is a second charge. Otherwise the
+// earliest billable charge is canonical. A charge of another amount or
+// currency than the canonical's (the row's, with one), or any second charge
+// when several team customers are known on the Stripe customer, is
+// ambiguous_legacy (legacy_match.go).
+func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared int, team []teamCustomer) []Finding {
 	bill := billable(es)
 	base := Finding{Kind: KindDuplicate, Legacy: true, BillingPeriod: k.period, StripeCustomerID: k.customer}
-	note := ""
+	note, unsure := "", ""
 	switch {
 	case shared > 1:
-		note = fmt.Sprintf("; pelguard bills %d customers on this Stripe customer for the period, so only the unmarked charges are compared", shared)
+		unsure = fmt.Sprintf("pelguard bills %d customers on %s for the period", shared, k.customer)
 	case len(rows) > 1:
-		note = fmt.Sprintf("; the ledger has %d customers on this Stripe customer for the period, so only the unmarked charges are compared", len(rows))
+		unsure = fmt.Sprintf("the ledger has %d customers on %s for the period", len(rows), k.customer)
+	case len(team) > 1:
+		unsure = fmt.Sprintf("%s stands for %d of the team's customers", k.customer, len(team))
 	case len(rows) == 1:
 		base.CustomerID, base.IdempotencyKey = rows[0].CustomerID, rows[0].IdempotencyKey
+	case len(team) == 1:
+		base.CustomerID = team[0].id
 	}
+	// Nothing known at all (no row, no stream charge on the Stripe
+	// customer: an old consumer's charges alone, the drill's naive run) is
+	// compared among the charges themselves, as before issue 25: two
+	// charges of one amount on one Stripe customer and period.
 	var canonical string
-	var dups []entry
+	var amount int64
+	var currency string
 	switch {
 	case len(rows) == 1 && rows[0].Status == ledger.StatusCharged:
-		canonical = rows[0].ChargeID
+		canonical, amount, currency = rows[0].ChargeID, rows[0].AmountCents, rows[0].Currency
 		note = "; the ledger's charge was not listed in the window"
 		for _, e := range bill {
 			if e.id == canonical || e.intent == canonical {
@@ -249,21 +262,46 @@ func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared in
 				canonical, note = e.id, ""
 			}
 		}
-		for _, e := range bill {
-			if e.id != canonical {
-				dups = append(dups, e)
+	case len(bill) > 0:
+		canonical, amount, currency = bill[0].id, bill[0].amount, bill[0].currency
+		if len(rows) == 1 {
+			// What the key owes, not the earliest charge, says which
+			// charges may be its own.
+			canonical, amount, currency = "", rows[0].AmountCents, rows[0].Currency
+			for _, e := range bill {
+				if sameMoney(e, amount, currency) {
+					canonical = e.id
+					break
+				}
 			}
 		}
-	case len(bill) > 1:
-		canonical, dups = bill[0].id, bill[1:]
 	}
 	var fs []Finding
-	for _, e := range dups {
-		f := base
-		f.Subject, f.ChargeID, f.CanonicalChargeID = e.id, e.id, canonical
-		f.AmountCents, f.Currency = e.net(), e.currency
-		f.Detail = "legacy (unmarked) " + dupDetail(e, canonical) + note
-		fs = append(fs, f)
+	for _, e := range bill {
+		if e.id == canonical {
+			continue
+		}
+		switch {
+		case !sameMoney(e, amount, currency):
+			ref := "the canonical charge " + canonical + " is"
+			if len(rows) == 1 {
+				ref = "the ledger's " + rows[0].CustomerID + " owes"
+			}
+			fs = append(fs, ambiguousLegacy(k.period, e, canonical, fmt.Sprintf(
+				"legacy (unmarked) charge of %s on %s, where %s %s: another amount or currency is not a second charge of the same "+
+					"customer and may be the only charge of another of the team's customers: check by hand, never refunded automatically",
+				money(e.amount, e.currency), k.customer, ref, money(amount, currency))))
+		case unsure != "":
+			fs = append(fs, ambiguousLegacy(k.period, e, canonical, fmt.Sprintf(
+				"legacy (unmarked) charge of the same amount as %s, but %s: nothing tells whether it is a second charge of one "+
+					"customer or the only charge of another: check by hand, never refunded automatically", canonical, unsure)))
+		default:
+			f := base
+			f.Subject, f.ChargeID, f.CanonicalChargeID = e.id, e.id, canonical
+			f.AmountCents, f.Currency = e.net(), e.currency
+			f.Detail = "legacy (unmarked) " + dupDetail(e, canonical) + note
+			fs = append(fs, f)
+		}
 	}
 	return fs
 }

@@ -109,18 +109,25 @@ func splitLegacy(k groupKey, es []entry, rows []ledger.Record, team []teamCustom
 	for i, tc := range team {
 		ids[i] = tc.id
 	}
-	byAmount := map[int64][]entry{}
-	var order []int64
+	// Charges of one amount in two currencies are never one customer's
+	// duplicates.
+	type price struct {
+		amount   int64
+		currency string
+	}
+	byAmount := map[price][]entry{}
+	var order []price
 	for _, e := range billable(es) {
-		if byAmount[e.amount] == nil {
-			order = append(order, e.amount)
+		p := price{e.amount, strings.ToLower(e.currency)}
+		if byAmount[p] == nil {
+			order = append(order, p)
 		}
-		byAmount[e.amount] = append(byAmount[e.amount], e)
+		byAmount[p] = append(byAmount[p], e)
 	}
 	var fs []Finding
 	base := Finding{Legacy: true, BillingPeriod: k.period, StripeCustomerID: k.customer}
-	for _, amt := range order {
-		g := byAmount[amt]
+	for _, p := range order {
+		amt, g := p.amount, byAmount[p]
 		if len(g) < 2 {
 			continue
 		}

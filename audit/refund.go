@@ -142,6 +142,13 @@ func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundR
 		if err != nil {
 			return rep, err
 		}
+		if f.Kind == KindOrphan {
+			// An orphan is pelguard's charge for its key with the ledger
+			// row missing: usually the customer's only charge of the
+			// period, and after a ledger loss always.
+			return rep, fmt.Errorf("finding %d is an orphan_charge, usually the customer's only charge for the period: never refunded; "+
+				"record it (a redelivery, `consumer import --from-stripe`, or by hand) and resolve it: %w", f.ID, ErrState)
+		}
 		if f.Kind != KindDuplicate || f.State != StateOpen {
 			return rep, fmt.Errorf("finding %d is an %s %s finding; only open duplicate_charge findings are refunded: %w",
 				f.ID, f.State, f.Kind, ErrState)

@@ -30,6 +30,7 @@ const (
 	SkipCanonicalDisputed     SkipCode = "canonical_disputed"      // the canonical is disputed
 	SkipCanonicalNotSucceeded SkipCode = "canonical_not_succeeded" // the canonical is not succeeded
 	SkipDuplicateChanged      SkipCode = "duplicate_changed"       // refunded, disputed or changed since the audit
+	SkipAmountDiffers         SkipCode = "amount_differs"          // a legacy duplicate of another amount or currency than its canonical
 	SkipStripeRefused         SkipCode = "stripe_refused"          // Stripe refused the refund
 	SkipTransient             SkipCode = "transient"               // a transient Stripe error; a later run retries
 	SkipMaxRefunds            SkipCode = "max_refunds"             // the run's --max-refunds
@@ -223,6 +224,13 @@ func (a *Auditor) stripeRefusal(ctx context.Context, f Finding) (*skip, error) {
 	case net != f.AmountCents:
 		return skipf(SkipDuplicateChanged, "the duplicate holds %d, the finding %d: it was partly refunded since the audit",
 			net, f.AmountCents), nil
+	case f.Legacy && (dup.AmountCents != canon.AmountCents || !strings.EqualFold(dup.Currency, canon.Currency)):
+		// An old consumer's charge names no customer: one of another
+		// amount may be the only charge of another customer paying with
+		// the same Stripe customer (issue 25), whatever an older finding
+		// said.
+		return skipf(SkipAmountDiffers, "the legacy charge is %d %s, the canonical %d %s: it may be another customer's only charge",
+			dup.AmountCents, dup.Currency, canon.AmountCents, canon.Currency), nil
 	}
 	return nil, nil
 }

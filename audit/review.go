@@ -96,6 +96,8 @@ func (r review) decide(f Finding) string {
 			return "fully refunded at Stripe outside pelguard"
 		case seen && f.Kind == KindDuplicate && canonSeen && canon.net <= 0:
 			return fmt.Sprintf("its canonical charge %s was refunded at Stripe; this charge now holds the period's money", f.CanonicalChargeID)
+		case f.Kind == KindDuplicate && r.detected[findingKey{KindAmbiguousLegacy, f.Subject}]:
+			return "the charge is now an ambiguous_legacy finding: nothing proves it is this customer's second charge"
 		}
 	case KindAmountMismatch:
 		if seen {

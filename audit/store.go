@@ -275,6 +275,18 @@ func (s *Store) openFindings(ctx context.Context, period string) ([]Finding, err
 	return out, nil
 }
 
+// countOpen counts the findings open now, of period when set (empty: all),
+// whichever run or import stored them: a run's exit status.
+func (s *Store) countOpen(ctx context.Context, period string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM {schema}.audit_findings
+		WHERE state = 'open' AND ($1 = '' OR billing_period = $1)`, period).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("counting open findings: %w", err)
+	}
+	return n, nil
+}
+
 // resolveByRun marks the open findings of rs resolved by run runID, each
 // with its reason. A finding that stopped being open meanwhile (refunded,
 // dismissed by an operator) is left as it is.

@@ -100,15 +100,18 @@ func (r *run) collect(ctx context.Context) error {
 		r.sum.StripeCharges++
 		customer := ch.Metadata[stripeapi.MetaCustomerID]
 		if customer == "" {
-			// Only a customer known to owe exactly this amount for this
-			// period may own the charge: a Stripe customer can pay for
-			// several of the team's customers (B2B), and a charge filed
-			// under the wrong one would become a "duplicate" that refunds
-			// another customer's only payment.
+			// Only a customer known to owe exactly this amount, in this
+			// currency, for this period may own the charge: a Stripe
+			// customer can pay for several of the team's customers (B2B),
+			// and a charge filed under the wrong one would become a
+			// "duplicate" that refunds another customer's only payment
+			// (the auditor's --legacy follows the same rule).
 			ids := owners[ch.StripeCustomerID]
 			var match []string
 			for id := range ids {
-				if amt, ok := r.amountOf(ledger.Key{CustomerID: id, BillingPeriod: period}); ok && amt == ch.AmountCents {
+				k := ledger.Key{CustomerID: id, BillingPeriod: period}
+				amt, ok := r.amountOf(k)
+				if cur := r.currencyOf(k); ok && amt == ch.AmountCents && (cur == "" || strings.EqualFold(cur, ch.Currency)) {
 					match = append(match, id)
 				}
 			}
@@ -118,9 +121,9 @@ func (r *run) collect(ctx context.Context) error {
 					" (neither the team's table nor the stream's events name it): not imported")
 				return nil
 			case len(match) != 1:
-				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, fmt.Sprintf("Stripe customer %s stands for %d of the team's customers and %d of them owe %d for %s: "+
+				r.skip(ledger.Key{BillingPeriod: period}, ch.ID, fmt.Sprintf("Stripe customer %s stands for %d of the team's customers and %d of them owe %d %s for %s: "+
 					"which one this charge bills cannot be told, not imported (pelguard asks Stripe before charging any key of the period)",
-					ch.StripeCustomerID, len(ids), len(match), ch.AmountCents, period))
+					ch.StripeCustomerID, len(ids), len(match), ch.AmountCents, ch.Currency, period))
 				return nil
 			}
 			customer = match[0]
@@ -148,6 +151,25 @@ func (r *run) amountOf(k ledger.Key) (int64, bool) {
 		return *e.team.AmountCents, true
 	}
 	return 0, false
+}
+
+// currencyOf is the key's currency, by its stream event or the charge its
+// team's row names (verified at Stripe); "" when neither says (a declined
+// row without an event: its amount alone is known).
+func (r *run) currencyOf(k ledger.Key) string {
+	e, ok := r.keys[k]
+	switch {
+	case !ok:
+		return ""
+	case e.event != nil && e.event.Currency != "":
+		return e.event.Currency
+	}
+	for _, ch := range e.charges {
+		if ch.ID == e.teamCh {
+			return ch.Currency
+		}
+	}
+	return ""
 }
 
 // pelguardCharge adds a charge pelguard made (its marker names the key).

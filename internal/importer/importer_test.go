@@ -224,3 +224,49 @@ func TestImportNeverFilesAnotherCustomersChargeAsADuplicate(t *testing.T) {
 		t.Fatalf("c_2's charge %s is not reported: %+v", c2.ID, sum.Skipped)
 	}
 }
+
+// The same amount in another currency is not the key's charge either: c_1
+// owes 25.00 USD (its event, and the charge its row names); an unmarked
+// 25.00 EUR charge on the same Stripe customer is not filed under c_1 as a
+// duplicate (its refund would take another customer's only payment).
+func TestImportNeverFilesAChargeOfAnotherCurrencyAsADuplicate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	team := "team_" + testenv.Suffix()
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+team+" CASCADE") })
+	if err := teamsys.CreateTable(ctx, pool, team); err != nil {
+		t.Fatal(err)
+	}
+	sim := stripesim.MustNew(stripesim.Config{})
+	t.Cleanup(sim.Close)
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: stripeapi.NoRetries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Description: "Usage billing for 2026-11"})
+	eur := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Currency: "eur", Description: "Usage billing for 2026-11"})
+	if _, err := pool.Exec(ctx, `INSERT INTO `+team+`.billing_records (customer_id, billing_period, charge_id, amount_cents, status) VALUES ('c_1', '2026-11', $1, 2500, 'charged')`, c1.ID); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := importer.Run(ctx, importer.Config{DB: pool, Schema: testenv.SchemaOf(pool), Stripe: sc, Namespace: "x",
+		FromTable: team + ".billing_records", FromStripe: true, Period: "2026-11", Now: sim.Now,
+		Events: []event.Event{{CustomerID: "c_1", StripeCustomerID: "cus_ACME", AmountCents: 2500, BillingPeriod: "2026-11", Currency: "usd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Duplicates) != 0 || sum.ImportedCharged != 1 {
+		t.Fatalf("summary %+v: want c_1 imported with its USD charge and no duplicate", sum)
+	}
+	var findings int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+testenv.SchemaOf(pool)+`.audit_findings`).Scan(&findings); err != nil || findings != 0 {
+		t.Fatalf("%d findings (%v): the EUR charge became a refundable duplicate", findings, err)
+	}
+	found := false
+	for _, p := range sum.Skipped {
+		found = found || p.ChargeID == eur.ID
+	}
+	if !found {
+		t.Fatalf("the EUR charge %s is not reported: %+v", eur.ID, sum.Skipped)
+	}
+}

@@ -44,6 +44,16 @@ func (l *Ledger) ScanStuckPending(ctx context.Context, olderThan time.Time, fn f
 		ORDER BY updated_at`, fn, olderThan)
 }
 
+// ScanStuckProcessing streams processing rows (a bank debit in motion)
+// untouched since before olderThan: no settlement (poll or webhook) moved
+// them, and polls do not touch updated_at, so it is the time the row
+// became processing.
+func (l *Ledger) ScanStuckProcessing(ctx context.Context, olderThan time.Time, fn func(Record) error) error {
+	return l.scan(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
+		WHERE status = 'processing' AND updated_at < $1
+		ORDER BY updated_at`, fn, olderThan)
+}
+
 func (l *Ledger) scan(ctx context.Context, sql string, fn func(Record) error, args ...any) error {
 	rows, err := l.pool.Query(ctx, sql, args...)
 	if err != nil {

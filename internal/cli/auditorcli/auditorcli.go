@@ -34,8 +34,9 @@ func program() *cli.Program {
 }
 
 // exitStatus is the auditor's exit status paragraph, in run's --help.
-const exitStatus = `Exit status: 0 clean, 1 open findings (or duplicates left unrefunded), 2 error (bad flags or
-configuration, a failed run), 3 Postgres still unreachable after --wait-for-deps.`
+const exitStatus = `Exit status: 0 clean, 1 open findings remain when the run ends (of --period, when given;
+stored by this run, an earlier one or 'consumer import'), or duplicates left unrefunded, 2 error
+(bad flags or configuration, a failed run), 3 Postgres still unreachable after --wait-for-deps.`
 
 // permissions is what the auditor's Stripe key needs, shown in --help.
 const permissions = `Stripe permissions (a restricted key, rk_live_…): Charges Read and PaymentIntents Read; Refunds

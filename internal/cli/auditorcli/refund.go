@@ -11,7 +11,9 @@ import (
 )
 
 const refundDescription = `Refunds open duplicate_charge findings (reason duplicate, one idempotency key per charge,
-never the canonical charge) and records each refund. Right before each refund it re-reads the
+never the canonical charge) and records each refund. It refuses every other kind: an
+orphan_charge is usually the customer's only charge for the period (after a ledger loss,
+always), and an ambiguous_legacy may be another customer's only charge. Right before each refund it re-reads the
 ledger and both charges at Stripe and refuses a duplicate whose canonical charge was refunded,
 disputed or is not succeeded, or that changed since the audit. What it cannot refund now
 (refused, a transient Stripe error, over --max-refunds/--max-cents for this run or

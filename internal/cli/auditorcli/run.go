@@ -14,13 +14,19 @@ import (
 )
 
 const runDescription = `Diffs the Stripe charges created in a window against the ledger and stores every finding
-(duplicate_charge, orphan_charge, missing_charge, amount_mismatch, stuck_pending) once. At start
-it waits up to --wait-for-deps for Postgres.`
+(duplicate_charge, orphan_charge, missing_charge, amount_mismatch, disputed, ambiguous_legacy,
+stuck_pending) once. Only duplicate_charge is ever refunded: an orphan_charge is usually the
+customer's only charge for the period (pelguard's charge for a key whose ledger row is missing;
+after a ledger loss, always): record it (a redelivery, 'consumer import --from-stripe', or by
+hand), then 'auditor resolve ID'. At start it waits up to --wait-for-deps for Postgres.`
 
 // RunOptions are the flags of `auditor run`.
 type RunOptions struct {
 	auditOptions
-	From, To        string // RFC 3339 or YYYY-MM-DD; parsed by Validate
+	From, To string // RFC 3339 or YYYY-MM-DD; parsed by Validate
+	// SettleDelay is the flag's value: 0 means none (Validate maps it to
+	// audit.NoSettleDelay, since the Config's zero takes the default).
+	SettleDelay     time.Duration
 	Period          string
 	Schedule        string // cron spec: run until SIGTERM
 	MetricsAddr     string
@@ -40,10 +46,13 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.ExternalLedger, "external-ledger", "", "with --legacy: a team's own table (schema.table, the article's billing_records) whose charge for a customer and period is canonical and never refunded (reaper --external-ledger deployments); only read")
 	fs.StringVar(&c.LegacyPattern, "legacy-pattern", audit.DefaultLegacyPattern, "regexp taking a legacy charge's period from its description (group 1)")
 	fs.IntVar(&c.Parallel, "parallel", audit.DefaultParallel, "sub-windows listed at once (with --stripe-rate to stay under Stripe's limit)")
-	fs.DurationVar(&c.SettleDelay, "settle-delay", audit.DefaultSettleDelay, "stay this far behind now, so charges being recorded are not orphans")
+	fs.DurationVar(&o.SettleDelay, "settle-delay", audit.DefaultSettleDelay,
+		"stay this far behind now, so charges being recorded are not orphans; 0: none (audit up to now)")
 	fs.DurationVar(&c.Overlap, "overlap", audit.DefaultOverlap, "reach this far back before the last checkpoint")
 	fs.DurationVar(&c.InitialLookback, "initial-lookback", audit.DefaultInitialLookback, "window of the very first run")
 	fs.DurationVar(&c.StuckAfter, "stuck-after", audit.DefaultStuckAfter, "a pending row without a live lease this long is stuck_pending")
+	fs.DurationVar(&c.StuckProcessingAfter, "stuck-processing-after", audit.DefaultStuckProcessingAfter,
+		"a processing row (a bank debit in motion) unsettled this long is stuck_pending (SEPA debits take up to 14 business days)")
 	fs.DurationVar(&c.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
 	fs.StringVar(&o.Schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
 	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents and the rolling --max-refunds-24h and --max-cents-24h")
@@ -62,6 +71,14 @@ func (o *RunOptions) Validate() error {
 	}
 	if o.window.To, err = parseTime("--to", o.To); err != nil {
 		return err
+	}
+	switch {
+	case o.SettleDelay < 0:
+		return cli.Usagef("--settle-delay %s: want a duration of 0 or more (0: audit up to now; default %s)", o.SettleDelay, audit.DefaultSettleDelay)
+	case o.SettleDelay == 0:
+		o.Config.SettleDelay = audit.NoSettleDelay
+	default:
+		o.Config.SettleDelay = o.SettleDelay
 	}
 	if o.Schedule != "" && o.window.Manual() {
 		return cli.Usagef("--schedule audits from the checkpoint: it cannot take --from, --to or --period")
