@@ -241,7 +241,7 @@ func TestLegacyFindsTheNaiveConsumersDuplicates(t *testing.T) {
 	if err != nil || len(plain.Findings) != 0 || plain.ExitCode() != 0 {
 		t.Fatalf("without --legacy: %d findings, %v", len(plain.Findings), err)
 	}
-	rep, err := b.auditor(t, func(c *Config) { c.Legacy = true }).Run(ctx, Window{From: w0, To: w1})
+	rep, err := b.auditor(t, legacyMode).Run(ctx, Window{From: w0, To: w1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,13 @@ type Config struct {
 	// Legacy also audits charges without the pelguard marker, grouped by
 	// Stripe customer and billing period; only duplicates are reported.
 	Legacy bool
+	// OneCustomerPerStripeCustomer, with Legacy, is the operator's word
+	// that the team bills each Stripe customer for exactly one of its
+	// customers. Without it, two unmarked charges of one amount on a Stripe
+	// customer that neither the ledger nor pelguard's charges tie to a team
+	// customer are ambiguous_legacy (shown, never refunded): they may be
+	// two customers' only charges.
+	OneCustomerPerStripeCustomer bool
 	// ExternalLedger, with Legacy, names a team's own table (schema.table,
 	// the article's billing_records) that keeps the canonical record: the
 	// charge it names for a customer and period is never refunded, and a

@@ -33,7 +33,7 @@ func TestExternalLedgerTheTeamsChargeIsNeverRefunded(t *testing.T) {
 		}
 		before := testenv.Snapshot(t, b.pool, team)
 		a := b.auditor(t, func(c *Config) {
-			c.Legacy = true
+			legacyMode(c)
 			if external {
 				c.ExternalLedger = team + ".billing_records"
 			}

@@ -189,14 +189,14 @@ func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entr
 				fs = append(fs, splitLegacy(k, groups[k], rows[sk], tc)...)
 				continue
 			}
-			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0, team[k.customer])...)
+			fs = append(fs, legacyGroupFindings(k, groups[k], rows[sk], 0, team[k.customer], a.cfg.OneCustomerPerStripeCustomer)...)
 		}
 		keys = keys[:0]
 		return nil
 	}
 	for k, es := range groups {
 		if n := shared[k]; n > 1 && len(team[k.customer]) < 2 {
-			fs = append(fs, legacyGroupFindings(k, es, nil, n, team[k.customer])...)
+			fs = append(fs, legacyGroupFindings(k, es, nil, n, team[k.customer], a.cfg.OneCustomerPerStripeCustomer)...)
 			continue
 		}
 		keys = append(keys, ledger.StripeKey{StripeCustomerID: k.customer, BillingPeriod: k.period})
@@ -228,7 +228,7 @@ func (a *Auditor) legacyFindings(ctx context.Context, groups map[groupKey][]entr
 // currency than the canonical's (the row's, with one), or any second charge
 // when several team customers are known on the Stripe customer, is
 // ambiguous_legacy (legacy_match.go).
-func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared int, team []teamCustomer) []Finding {
+func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared int, team []teamCustomer, oneToOne bool) []Finding {
 	bill := billable(es)
 	base := Finding{Kind: KindDuplicate, Legacy: true, BillingPeriod: k.period, StripeCustomerID: k.customer}
 	note, unsure := "", ""
@@ -243,11 +243,18 @@ func legacyGroupFindings(k groupKey, es []entry, rows []ledger.Record, shared in
 		base.CustomerID, base.IdempotencyKey = rows[0].CustomerID, rows[0].IdempotencyKey
 	case len(team) == 1:
 		base.CustomerID = team[0].id
+	case !oneToOne:
+		// Nothing known at all (no row, no pelguard charge on the Stripe
+		// customer: an old consumer's charges alone): two charges of one
+		// amount may be one customer charged twice or two of the team's
+		// customers on one plan, each charged once. Only the operator can
+		// say which (Config.OneCustomerPerStripeCustomer).
+		unsure = fmt.Sprintf("nothing pelguard knows says how many of the team's customers %s pays for "+
+			"(if each Stripe customer pays for one, say so: --one-customer-per-stripe-customer)", k.customer)
 	}
-	// Nothing known at all (no row, no stream charge on the Stripe
-	// customer: an old consumer's charges alone, the drill's naive run) is
-	// compared among the charges themselves, as before issue 25: two
-	// charges of one amount on one Stripe customer and period.
+	// With OneCustomerPerStripeCustomer, nothing known is compared among
+	// the charges themselves: two charges of one amount on one Stripe
+	// customer and period are one customer's duplicate.
 	var canonical string
 	var amount int64
 	var currency string

@@ -38,7 +38,9 @@ func imported(cust, chargeID string, chargedAt time.Time) ledger.Record {
 	return r
 }
 
-func legacyMode(c *Config) { c.Legacy = true }
+// legacyMode is --legacy for a team like the article's: each Stripe
+// customer pays for one of its customers (the operator says so).
+func legacyMode(c *Config) { c.Legacy, c.OneCustomerPerStripeCustomer = true, true }
 
 // modes runs fn once without and once with --legacy, each on its own world.
 func modes(t *testing.T, fn func(t *testing.T, legacy bool)) {
@@ -167,7 +169,8 @@ func TestSwitchUnmarkedChargeTheLedgerRecordsIsNoFinding(t *testing.T) {
 }
 
 // Two legacy charges for one key and no ledger row: one duplicate of the
-// earlier, as before the switch; nothing without --legacy.
+// earlier, as before the switch, when the operator says each Stripe
+// customer pays for one customer; nothing without --legacy.
 func TestSwitchTwoLegacyChargesNoLedgerRow(t *testing.T) {
 	t.Parallel()
 	modes(t, func(t *testing.T, legacy bool) {
@@ -273,5 +276,28 @@ func TestRefundRefusesALegacyChargeTheLedgerRecordedSince(t *testing.T) {
 	rr, err := a.Refund(ctx, RefundOptions{MaxRefunds: 100, MaxCents: 1_000_000})
 	if err != nil || len(rr.Refunded) != 0 || len(rr.Skipped) != 1 || len(b.refunds(t)) != 0 {
 		t.Fatalf("refund of a charge the ledger records: %+v %v", rr, err)
+	}
+}
+
+// Issue 25 item 1: two unmarked charges of one amount on a Stripe customer
+// pelguard knows nothing of may be two of the team's customers on one
+// plan, each charged once: without the operator's word that each Stripe
+// customer pays for one customer they are ambiguous_legacy, shown and
+// never refunded, even with auto-refund.
+func TestLegacyEqualAmountsWithNothingKnownWaitForAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.legacyCharge("old", at1)
+	second := b.legacyCharge("old", at2)
+	a := b.auditor(t, func(c *Config) { c.Legacy, c.AutoRefund = true, true })
+	rep, err := a.Run(context.Background(), Window{From: w0, To: w1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Findings) != 1 || rep.Findings[0].Kind != KindAmbiguousLegacy || rep.Findings[0].ChargeID != second {
+		t.Fatalf("findings %+v, want one ambiguous_legacy", rep.Findings)
+	}
+	if n := len(b.refunds(t)); n != 0 {
+		t.Fatalf("%d refunds of charges nothing ties to one customer", n)
 	}
 }
