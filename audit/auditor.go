@@ -415,11 +415,16 @@ func (a *Auditor) stuckFindings(ctx context.Context, period string, unsettled []
 		if period != "" && r.BillingPeriod != period {
 			return nil
 		}
+		detail := fmt.Sprintf("pending since %s (%d attempts, last error %q); nobody holds its lease",
+			r.FirstAttemptAt.UTC().Format(time.RFC3339), r.Attempts, r.LastError)
+		if r.Parked() {
+			detail = fmt.Sprintf("parked at %s: the ledger stopped retrying attempt %d by itself (%s); nothing was charged or "+
+				"recorded by guess: check the customer at Stripe, then `consumer retry --period %s --customer %s`",
+				r.ParkedAt.UTC().Format(time.RFC3339), r.Attempt, r.ParkedReason, r.BillingPeriod, r.CustomerID)
+		}
 		fs = append(fs, Finding{Kind: KindStuckPending, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,
 			BillingPeriod: r.BillingPeriod, StripeCustomerID: r.StripeCustomerID, IdempotencyKey: r.IdempotencyKey,
-			AmountCents: r.AmountCents, Currency: r.Currency,
-			Detail: fmt.Sprintf("pending since %s (%d attempts, last error %q); nobody holds its lease",
-				r.FirstAttemptAt.UTC().Format(time.RFC3339), r.Attempts, r.LastError)})
+			AmountCents: r.AmountCents, Currency: r.Currency, Detail: detail})
 		return nil
 	})
 	if err != nil {

@@ -118,3 +118,28 @@ func TestProcessingRowOlderThanTheBoundIsStuck(t *testing.T) {
 		t.Fatalf("--stuck-processing-after 720h: %v, findings %+v", err, rep.Findings)
 	}
 }
+
+// Issue 25 item 3: a row the ledger parked (its own retries gave up) is a
+// stuck_pending finding at once, saying why and what to run — not only
+// after --stuck-after, and never silently refreshed away.
+func TestParkedRowIsStuckAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	parked, fresh := row("jo", 2500, "", now.Add(-time.Minute)), row("kim", 2500, "", now.Add(-time.Minute))
+	parked.UpdatedAt, fresh.UpdatedAt = now.Add(-time.Minute), now.Add(-time.Minute)
+	b.seed(t, parked, fresh)
+	if _, err := b.ledger.DB().Exec(ctx, `UPDATE {schema}.billing_records SET parked_at = $1, attempt = 2,
+		parked_reason = 'closing attempt 1''s payment intent pi_1: 403' WHERE customer_id = 'jo'`, now.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := b.auditor(t, nil).Run(ctx, Window{From: w0, To: w1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := byKind(rep.Findings)
+	if len(rep.Findings) != 1 || len(k[KindStuckPending]) != 1 || k[KindStuckPending][0].CustomerID != "jo" ||
+		!strings.Contains(k[KindStuckPending][0].Detail, "pi_1: 403") || !strings.Contains(k[KindStuckPending][0].Detail, "consumer retry") {
+		t.Fatalf("findings %+v; want jo's parked row stuck, kim's (a minute old, not parked) not", rep.Findings)
+	}
+}

@@ -37,10 +37,13 @@ func (l *Ledger) ScanCharged(ctx context.Context, from, to time.Time, fn func(Re
 }
 
 // ScanStuckPending streams pending rows nobody is working on: no lease, or a
-// lease that expired, and untouched since before olderThan.
+// lease that expired, and untouched since before olderThan; and, whatever
+// their age, the rows the ledger parked (its own retries gave up: a
+// person must look).
 func (l *Ledger) ScanStuckPending(ctx context.Context, olderThan time.Time, fn func(Record) error) error {
 	return l.scan(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
-		WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < $1) AND updated_at < $1
+		WHERE status = 'pending' AND (parked_at IS NOT NULL
+			OR ((lease_expires_at IS NULL OR lease_expires_at < $1) AND updated_at < $1))
 		ORDER BY updated_at`, fn, olderThan)
 }
 
