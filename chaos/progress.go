@@ -76,16 +76,12 @@ func (p *progress) fail(c *cell, n, total int, r Result) {
 		return
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.drawn {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.drawn = false
-	}
 	label := p.label
+	p.mu.Unlock()
 	if c == nil {
 		label = fmt.Sprintf("[%d/%d] %s / %s", n, total, r.Scenario, r.Mode)
 	}
-	fmt.Fprintf(p.w, "chaos: %s: FAILED after %.1fs: %s\n", label, r.Elapsed.Seconds(), r.Error)
+	p.note(fmt.Sprintf("%s: FAILED after %.1fs: %s", label, r.Elapsed.Seconds(), r.Error))
 }
 
 func (p *progress) note(msg string) {
