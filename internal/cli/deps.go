@@ -45,7 +45,7 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 func NewRedis(url string) (redis.UniversalClient, Dep, error) {
 	c, addr, err := newRedisClient(url)
 	if err != nil {
-		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
 		Ping: func(ctx context.Context) error { return c.Ping(ctx).Err() }}, nil
@@ -71,14 +71,14 @@ func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
@@ -130,7 +130,7 @@ func CheckSchemaFlag(url, schema string) error {
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return Usagef("parsing DATABASE_URL %s: %v", redact.URL(url), redact.Error(err))
+		return Usagef("parsing DATABASE_URL %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	if sp, ok := pg.SearchPath(cfg.ConnConfig.RuntimeParams); ok && sp != schema {
 		return Usagef("DATABASE_URL sets search_path=%s but --db-schema is %s [PELGUARD_DB_SCHEMA]: "+
@@ -204,6 +204,10 @@ func (s *Stripe) Validate() error {
 	switch {
 	case s.APIKey == "":
 		return Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
+	case stripeapi.CheckKey(s.APIKey) != nil:
+		// A key Stripe answers with 401 would start the process and
+		// dead-letter every event; the message names its kind, not it.
+		return Usagef("--stripe-key [STRIPE_API_KEY]: %v", stripeapi.CheckKey(s.APIKey))
 	case s.Mode != "payment_intents" && s.Mode != "charges":
 		return Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:
