@@ -207,3 +207,36 @@ func secretForms(s string) []string {
 func fieldName(f int) string {
 	return [...]string{"DATABASE_URL", "REDIS_URL", "STRIPE_API_KEY", "SLACK_WEBHOOK_URL", "PELGUARD_STRIPE_WEBHOOK_SECRET"}[f]
 }
+
+// Every binary that takes a Stripe key refuses one of the wrong kind at
+// start (exit 2, before waiting for anything), naming the kind found and
+// the kinds wanted, never the key: such a key would start the consumer and
+// dead-letter every event on Stripe's 401.
+func TestStartupRefusesWrongKeyKinds(t *testing.T) {
+	users := filepath.Join(t.TempDir(), "users")
+	if err := os.WriteFile(users, []byte("alice:$2a$04$abcdefghijklmnopqrstuu0123456789012345678901234567890\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []struct{ value, kind string }{
+		{"pk_live_TYooMQauvdEDq54NiTphI7jx", "publishable key (pk_live_…)"},
+		{"whsec_abcdefgh12345678SECRET", "webhook signing secret"},
+		{"garbageKEYgarbage0123", "does not start like a Stripe API key"},
+		{" sk_test_4eC39HqLyjWDarjtT1zdp7dc", "white space before or after"},
+	} {
+		for _, p := range startPaths(users) {
+			if !p.takes[fieldStripeKey] {
+				continue
+			}
+			args := append(append([]string{}, p.args...), "--database-url="+closedDB, "--redis-url="+closedRedis, "--stripe-key="+key.value)
+			var stdout, stderr bytes.Buffer
+			code := p.main(context.Background(), args, &stdout, &stderr)
+			out := stdout.String() + stderr.String()
+			if code != 2 || !strings.Contains(out, key.kind) || !strings.Contains(out, "sk_live_…, sk_test_…, rk_live_… or rk_test_…") {
+				t.Errorf("%s with key %q: exit %d, want 2 naming %q and the kinds wanted:\n%s", p.name, key.value, code, key.kind, out)
+			}
+			if body := strings.TrimSpace(key.value)[8:]; strings.Contains(out, body) {
+				t.Errorf("%s printed the key %q:\n%s", p.name, key.value, out)
+			}
+		}
+	}
+}
