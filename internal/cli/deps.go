@@ -43,12 +43,23 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 // gives a *redis.ClusterClient, anything else a single-node client. A URL
 // that does not parse is a UsageError.
 func NewRedis(url string) (redis.UniversalClient, Dep, error) {
+	if redact.Misplaced(url) {
+		return nil, Dep{}, misplaced("--redis-url", url, "redis://[user]:password@host:port/db")
+	}
 	c, addr, err := newRedisClient(url)
 	if err != nil {
 		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
-		Ping: func(ctx context.Context) error { return c.Ping(ctx).Err() }}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(c.Ping(ctx).Err(), url) }}, nil
+}
+
+// misplaced refuses a URL whose password a parser would read as a host, a
+// path or a fragment: the server would quote it back in its errors (a
+// database ":pw@db" does not exist), at start and whenever it reconnects.
+func misplaced(flag, url, want string) error {
+	return Usagef("%s %s: the text before '@' is not a URL's user and password (a slash too many or too few after the scheme, or an unencoded '/', '?', '#' or '@' in the password?); want %s, with such characters in the password percent-encoded",
+		flag, redact.URL(url), want)
 }
 
 // OpenRedis is NewRedis and one try: for commands that run once and for
@@ -69,6 +80,9 @@ func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 // first use), and the Dep that waits for it. maxConns <= 0 keeps pgx's
 // default. A URL that does not parse is a UsageError.
 func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
+	if redact.Misplaced(url) {
+		return nil, Dep{}, misplaced("--database-url", url, "postgres://user:password@host:port/db")
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
@@ -82,7 +96,7 @@ func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
 	}
 	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
-		Ping: pool.Ping, TryTimeout: 10 * time.Second}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(pool.Ping(ctx), url) }, TryTimeout: 10 * time.Second}, nil
 }
 
 // OpenDB is CheckSchemaFlag, NewDB, one try and CheckSchema: for commands
@@ -127,6 +141,9 @@ func CheckSchema(ctx context.Context, prog string, pool *pgxpool.Pool, schema st
 func CheckSchemaFlag(url, schema string) error {
 	if err := pg.ValidSchema(schema); err != nil {
 		return Usagef("--db-schema: %v", err)
+	}
+	if redact.Misplaced(url) {
+		return misplaced("DATABASE_URL", url, "postgres://user:password@host:port/db")
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -60,12 +60,13 @@ func startPaths(usersFile string) []startPath {
 
 // FuzzStartupSecrets feeds malformed settings to every binary's start-up
 // path and searches everything it prints for the secret. A setting is
-// prefix+secret+suffix; the secret is a password of the URL or DSN (it
-// stands before the URL's last '@', or after password=), the Stripe key, the
-// Slack webhook URL or the webhook signing secret. Whatever the fuzzer makes
-// of the text around it, the secret must appear neither on stdout nor on
-// stderr (where every start-up error goes), verbatim or percent-decoded.
-// `go test` runs the seeds; `make fuzz` fuzzes.
+// prefix+secret+suffix; the secret is the password of a URL or DSN (it
+// stands between the userinfo's ':' and the URL's last '@', or after
+// password=), the Stripe key, the Slack webhook URL or the webhook signing
+// secret. Whatever the fuzzer makes of the text around it, the secret must
+// appear neither on stdout nor on stderr (where every start-up error
+// goes), verbatim or percent-decoded. `go test` runs the seeds; `make fuzz`
+// fuzzes.
 func FuzzStartupSecrets(f *testing.F) {
 	users := filepath.Join(f.TempDir(), "users")
 	if err := os.WriteFile(users, []byte("alice:$2a$04$abcdefghijklmnopqrstuu0123456789012345678901234567890\n"), 0o600); err != nil {
@@ -90,6 +91,8 @@ func FuzzStartupSecrets(f *testing.F) {
 		{fieldDatabase, "postgres://billing:", "Sec/ret0pw", "@db/x"},
 		{fieldDatabase, "postgres://billing:", "Sec#ret0pw", "@db/x"},
 		{fieldDatabase, "postgres://billing@db/x?password=", "Secret0pw", "&sslmode=bogus"},
+		{fieldDatabase, "postgres:///:", "Secret0pw", "@"}, // pgx: database ":Secret0pw@", quoted by the server
+		{fieldDatabase, "postgres:///billing:", "Secret0pw", "@db/x"},
 		{fieldRedis, "redis://:", "Secret0pw", "@host:xx"},
 		{fieldRedis, "redis://:", "Secret0pw", "@host/abc"},
 		{fieldRedis, "redis://:", "Secret%zzpw", "@host/0"},
@@ -152,7 +155,7 @@ func FuzzStartupSecrets(f *testing.F) {
 		var stdout, stderr bytes.Buffer
 		code := p.main(ctx, args, &stdout, &stderr)
 		out := stdout.String() + stderr.String()
-		if !secretPlaced(field, prefix, value) {
+		if !secretPlaced(field, prefix, value, suffix) {
 			return
 		}
 		for _, form := range secretForms(secret) {
@@ -179,6 +182,8 @@ func secretRunes(s string) string {
 var (
 	// keywordValue is a libpq keyword/value string: no '@' rule there.
 	keywordValue = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+	// schemePrefix is how a connection URL starts, slashes or not.
+	schemePrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*:/*`)
 	// afterPasswordKey: the secret is the value of a password-like key.
 	afterPasswordKey = regexp.MustCompile(`(?i)password\s*=\s*['"]?$`)
 )
@@ -186,14 +191,17 @@ var (
 // secretPlaced reports whether the fuzzer left the secret where a secret
 // is: anywhere in a key, token or webhook URL; in a connection URL, before
 // its last '@' (the userinfo, however malformed) or after password=.
-func secretPlaced(field int, prefix, value string) bool {
+func secretPlaced(field int, prefix, value, suffix string) bool {
 	if field != fieldDatabase && field != fieldRedis {
 		return true
 	}
 	if afterPasswordKey.MatchString(prefix) {
 		return true
 	}
-	return !keywordValue.MatchString(value) && strings.LastIndexByte(value, '@') >= len(prefix)
+	// The password of a URL's userinfo: after a ':' that follows the
+	// scheme, before the last '@'. A userinfo without ':' is a user name.
+	userinfo := prefix[len(schemePrefix.FindString(prefix)):]
+	return !keywordValue.MatchString(value) && strings.Contains(suffix, "@") && strings.Contains(userinfo, ":")
 }
 
 func secretForms(s string) []string {

@@ -123,13 +123,27 @@ var (
 	secretValue = regexp.MustCompile(`(?i)(?:^|[\s?&;])[a-z_]*(?:password|secret)\s*=\s*('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s&]*)`)
 )
 
-// wellFormed parses raw as a URL with a host and its whole userinfo in the
-// authority: a '@' anywhere else means the parser split the string
+// Misplaced reports whether the connection URL raw has a userinfo that a
+// URL parser will not read as one: a '@' outside the authority, as in
+// postgres:///:pw@db or redis://:12#pw@host. The parser then takes the
+// password for a path, a database name or a fragment, and the server's
+// errors quote it back ("database \":pw@db\" does not exist"). Keyword/value
+// strings and URLs without '@' are never misplaced.
+func Misplaced(raw string) bool {
+	if !strings.Contains(raw, "@") || keywordValue.MatchString(raw) {
+		return false
+	}
+	_, ok := wellFormed(raw)
+	return !ok
+}
+
+// wellFormed parses raw as a URL with an authority holding its whole
+// userinfo (the host may be empty: postgres://u:pw@/db?host=/run/pg): a '@' anywhere else means the parser split the string
 // somewhere the user did not mean, and the password may sit in the host,
 // the path or the fragment.
 func wellFormed(raw string) (*url.URL, bool) {
 	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" || u.Host == "" || u.Opaque != "" {
+	if err != nil || u.Scheme == "" || (u.Host == "" && u.User == nil) || u.Opaque != "" {
 		return nil, false
 	}
 	rest := *u
