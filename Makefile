@@ -62,8 +62,10 @@ bench: tools ## Run the benchmarks (BENCHCOUNT runs each; compare medians)
 demo: ## Run the drill: the seed's three failure modes, naive vs pelguard
 	$(SERVICES) $(GO) run ./cmd/chaos $(ARGS)
 
-fuzz: ## Fuzz the event parser for a minute
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./event/
+FUZZTIME ?= 60s
+fuzz: ## Fuzz the event parser, then every binary's start-up with malformed secrets (FUZZTIME each, 60s)
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./event/
+	$(GO) test -run '^$$' -fuzz FuzzStartupSecrets -fuzztime $(FUZZTIME) ./internal/cli/
 
 lint: ## go vet, gofmt check, staticcheck when it installs
 	$(GO) vet $(PKGS)

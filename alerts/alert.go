@@ -14,11 +14,14 @@ package alerts
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Notifier delivers alerts. Implementations are safe for concurrent use.
@@ -417,6 +420,34 @@ func PermissionDenied(detail string) Alert {
 			"`stripe_key_error`: once the key is fixed, `consumer replay --reason stripe_key_error`.",
 		Fields:      fields,
 		Fingerprint: fp,
+	}
+}
+
+// StripeKeyRejected reports a Stripe API error about the key itself, with
+// the title its status deserves: a 401 (stripeapi.ErrAuthentication) is a
+// key that is invalid, revoked or expired, and every call fails until it
+// is replaced; a 403 (stripeapi.ErrPermission) is a restricted key that
+// lacks one permission (PermissionDenied). Callers branch no further: pass
+// the error as the adapter returned it.
+func StripeKeyRejected(err error) Alert {
+	if err == nil || !errors.Is(err, stripeapi.ErrAuthentication) {
+		detail := ""
+		if err != nil {
+			detail = err.Error()
+		}
+		return PermissionDenied(detail)
+	}
+	return Alert{
+		Kind:  KindPermissionDenied,
+		Title: "Stripe key invalid or revoked",
+		Text: Escape(err.Error()) + "\nStripe refused the API key itself (401): it is mistyped, revoked, expired or " +
+			"of the wrong account or mode. Every Stripe call fails until STRIPE_API_KEY holds a valid secret " +
+			"or restricted key (sk_live_…, rk_live_…; sk_test_… or rk_test_… in test mode): roll or copy it in the Stripe " +
+			"dashboard (Developers → API keys) and restart. Events refused meanwhile are in the dead-letter stream with " +
+			"reason `stripe_key_error`: once the key is fixed, `consumer replay --reason stripe_key_error`.",
+		// One alert per dedupe interval for the key, whatever the
+		// request ids in the message.
+		Fingerprint: "stripe_key_invalid",
 	}
 }
 

@@ -43,12 +43,23 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 // gives a *redis.ClusterClient, anything else a single-node client. A URL
 // that does not parse is a UsageError.
 func NewRedis(url string) (redis.UniversalClient, Dep, error) {
+	if redact.Misplaced(url) {
+		return nil, Dep{}, misplaced("--redis-url", url, "redis://[user]:password@host:port/db")
+	}
 	c, addr, err := newRedisClient(url)
 	if err != nil {
-		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
-		Ping: func(ctx context.Context) error { return c.Ping(ctx).Err() }}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(c.Ping(ctx).Err(), url) }}, nil
+}
+
+// misplaced refuses a URL whose password a parser would read as a host, a
+// path or a fragment: the server would quote it back in its errors (a
+// database ":pw@db" does not exist), at start and whenever it reconnects.
+func misplaced(flag, url, want string) error {
+	return Usagef("%s %s: the text before '@' is not a URL's user and password (a slash too many or too few after the scheme, or an unencoded '/', '?', '#' or '@' in the password?); want %s, with such characters in the password percent-encoded",
+		flag, redact.URL(url), want)
 }
 
 // OpenRedis is NewRedis and one try: for commands that run once and for
@@ -69,20 +80,23 @@ func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 // first use), and the Dep that waits for it. maxConns <= 0 keeps pgx's
 // default. A URL that does not parse is a UsageError.
 func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
+	if redact.Misplaced(url) {
+		return nil, Dep{}, misplaced("--database-url", url, "postgres://user:password@host:port/db")
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.Error(err))
+		return nil, Dep{}, Usagef("--database-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
-		Ping: pool.Ping, TryTimeout: 10 * time.Second}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(pool.Ping(ctx), url) }, TryTimeout: 10 * time.Second}, nil
 }
 
 // OpenDB is CheckSchemaFlag, NewDB, one try and CheckSchema: for commands
@@ -128,9 +142,12 @@ func CheckSchemaFlag(url, schema string) error {
 	if err := pg.ValidSchema(schema); err != nil {
 		return Usagef("--db-schema: %v", err)
 	}
+	if redact.Misplaced(url) {
+		return misplaced("DATABASE_URL", url, "postgres://user:password@host:port/db")
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return Usagef("parsing DATABASE_URL %s: %v", redact.URL(url), redact.Error(err))
+		return Usagef("parsing DATABASE_URL %s: %v", redact.URL(url), redact.ScrubError(err, url))
 	}
 	if sp, ok := pg.SearchPath(cfg.ConnConfig.RuntimeParams); ok && sp != schema {
 		return Usagef("DATABASE_URL sets search_path=%s but --db-schema is %s [PELGUARD_DB_SCHEMA]: "+
@@ -204,6 +221,10 @@ func (s *Stripe) Validate() error {
 	switch {
 	case s.APIKey == "":
 		return Usagef("no Stripe key: set STRIPE_API_KEY (a restricted rk_ key is best)")
+	case stripeapi.CheckKey(s.APIKey) != nil:
+		// A key Stripe answers with 401 would start the process and
+		// dead-letter every event; the message names its kind, not it.
+		return Usagef("--stripe-key [STRIPE_API_KEY]: %v", stripeapi.CheckKey(s.APIKey))
 	case s.Mode != "payment_intents" && s.Mode != "charges":
 		return Usagef("--stripe-mode %q: want payment_intents or charges", s.Mode)
 	case s.MaxRetries < 0 || s.MaxRetries > 10:

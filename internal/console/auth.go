@@ -324,12 +324,45 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a post-login redirect on this site.
+// safeNext keeps a post-login redirect on this site: it returns next when
+// next is a plain path on this origin (with a query or fragment), else "/".
+// A browser reads a Location more loosely than url.Parse: it drops tab, CR
+// and LF anywhere, trims leading and trailing control characters and
+// spaces, and takes a backslash for a slash, so "/\t/evil.example" and
+// "/\\evil.example" both reach //evil.example, another host. Rather than
+// replay that normalisation, anything it would touch is refused outright (a
+// real path percent-encodes such bytes), and so are the shapes that leave
+// the path: a scheme, an authority, a leading "//". The decoded path is
+// checked too (no encoded slash, backslash or control character, no dot
+// segment), so that this server, decoding it on the next request, never
+// sees a path that starts "//" either.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	if next == "" || next[0] != '/' || strings.ContainsAny(next, "\\") || strings.HasPrefix(next, "//") {
 		return "/"
 	}
+	if strings.ContainsFunc(next, func(r rune) bool { return r == ' ' || control(r) }) {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return "/"
+	}
+	if strings.HasPrefix(u.Path, "//") || strings.ContainsRune(u.Path, '\\') || strings.ContainsFunc(u.Path, control) {
+		return "/"
+	}
+	for _, seg := range strings.Split(u.Path, "/")[1:] {
+		if seg == "." || seg == ".." {
+			return "/"
+		}
+	}
 	return next
+}
+
+// control reports the characters a browser may drop or trim from a URL,
+// and the invisible ones nobody types into a path: C0 and C1 controls,
+// DEL, line and paragraph separators, the byte-order mark.
+func control(r rune) bool {
+	return r < ' ' || r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == '\u2028' || r == '\u2029' || r == '\ufeff'
 }
 
 func truncate(s string, n int) string {

@@ -10,6 +10,7 @@ package redact
 import (
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -30,7 +31,10 @@ var rules = []rule{
 	// user:password@ in any URL (postgres://, postgresql://, redis://,
 	// rediss://, amqp://, ...). The user name stays: it helps debugging and
 	// is not a secret.
-	{regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://)([^:/@\s"'<>]*):([^@\s"'<>]+)@`), "${1}${2}:" + Mask + "@"},
+	// The scheme's slashes are optional: postgresql:/user:pw@host and
+	// postgres:user:pw@host are typos the URL parsers refuse, and their
+	// errors echo them.
+	{regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*:/{0,3})([^:/@\s"'<>]*):([^@\s"'<>]+)@`), "${1}${2}:" + Mask + "@"},
 	// Stripe secret, restricted and publishable keys (live or test), webhook
 	// signing secrets, ephemeral keys.
 	{regexp.MustCompile(`\b(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]+`), Mask},
@@ -43,9 +47,13 @@ var rules = []rule{
 	{regexp.MustCompile(`\bxapp-[0-9A-Za-z\-]+`), Mask},
 	// Authorization headers echoed into error strings or dumps.
 	{regexp.MustCompile(`(?i)\b(bearer|basic)\s+[0-9A-Za-z._~+/=\-]{8,}`), "${1} " + Mask},
-	// key=value and key: value secrets, as in libpq DSNs ("password=..."),
-	// query strings and config dumps.
-	{regexp.MustCompile(`(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)(\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s&,;"']+)`), "${1}${2}" + Mask},
+	// key=value and key: value secrets, as in libpq DSNs ("password=...",
+	// "sslpassword=..."), query strings, environment dumps (DB_PASSWORD=)
+	// and config dumps.
+	// A quoted value may lack its closing quote and hold backslash escapes
+	// (libpq: password='it\'s'); an unquoted one ends at white space or a
+	// query string's & only, since libpq takes , and ; as part of it.
+	{regexp.MustCompile(`(?i)\b([a-z0-9_\-]*?(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token))(\s*[=:]\s*)("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|[^\s&"']+)`), "${1}${2}" + Mask},
 }
 
 // panCandidates find digit runs that could be a card number: 15 to 19
@@ -78,24 +86,168 @@ func String(s string) string {
 	return s
 }
 
-// URL returns a printable form of a connection URL with its password masked.
-// Unparseable input is redacted as text.
+// URL returns a printable form of a connection setting (a URL or a libpq
+// keyword/value string) with its secrets masked. A URL that parses has its
+// password masked and its user kept. Anything else is a typo whose shape
+// nobody can trust (postgresql:/u:pw@h, redis//:pw@h): everything before
+// its last '@' is masked, since that is where a password sits whatever the
+// slashes; a keyword/value string has its password= values masked.
 func URL(raw string) string {
+	if u, ok := wellFormed(raw); ok {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		for k := range q {
+			if strings.EqualFold(k, "password") {
+				q.Set(k, "xxxxx")
+			}
+		}
+		u.RawQuery = q.Encode()
+		return String(strings.ReplaceAll(u.String(), "xxxxx", Mask))
+	}
+	if at := strings.LastIndexByte(raw, '@'); at >= 0 && !keywordValue.MatchString(raw) {
+		scheme := schemePrefix.FindString(raw)
+		return String(scheme + Mask + raw[at:])
+	}
+	return String(raw)
+}
+
+var (
+	// schemePrefix is how a connection URL starts, slashes or not.
+	schemePrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*:/*`)
+	// keywordValue is a libpq keyword/value string: "host=db password=…".
+	keywordValue = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+	// secretValue finds the value of a password-like key in a query
+	// string or a keyword/value string.
+	secretValue = regexp.MustCompile(`(?i)(?:^|[\s?&;])[a-z_]*(?:password|secret)\s*=\s*('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s&]*)`)
+)
+
+// Misplaced reports whether the connection URL raw has a userinfo that a
+// URL parser will not read as one: a '@' outside the authority, as in
+// postgres:///:pw@db or redis://:12#pw@host. The parser then takes the
+// password for a path, a database name or a fragment, and the server's
+// errors quote it back ("database \":pw@db\" does not exist"). Keyword/value
+// strings and URLs without '@' are never misplaced.
+func Misplaced(raw string) bool {
+	if !strings.Contains(raw, "@") || keywordValue.MatchString(raw) {
+		return false
+	}
+	_, ok := wellFormed(raw)
+	return !ok
+}
+
+// wellFormed parses raw as a URL with an authority holding its whole
+// userinfo (the host may be empty: postgres://u:pw@/db?host=/run/pg): a '@' anywhere else means the parser split the string
+// somewhere the user did not mean, and the password may sit in the host,
+// the path or the fragment.
+func wellFormed(raw string) (*url.URL, bool) {
 	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" {
-		return String(raw)
+	if err != nil || u.Scheme == "" || (u.Host == "" && u.User == nil) || u.Opaque != "" {
+		return nil, false
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	rest := *u
+	rest.User = nil
+	if strings.Contains(rest.String(), "@") || strings.ContainsAny(raw, " \t\r\n") {
+		return nil, false
 	}
-	q := u.Query()
-	for k := range q {
-		if strings.EqualFold(k, "password") {
-			q.Set(k, "xxxxx")
+	return u, true
+}
+
+// Scrub returns s, a message that may quote the setting raw (a library's
+// error about it), with raw and its secrets masked: raw itself in any form
+// a message quotes it (verbatim, Go-quoted, percent-decoded) becomes
+// URL(raw), and each secret raw holds (see secretsOf) is masked, as are its
+// pieces between URL delimiters, since a parser that split the string
+// wrongly quotes a piece. Then String.
+func Scrub(s, raw string) string {
+	if raw == "" {
+		return String(s)
+	}
+	printable := URL(raw)
+	for _, v := range forms(raw) {
+		if len(v) >= 3 {
+			s = strings.ReplaceAll(s, v, printable)
 		}
 	}
-	u.RawQuery = q.Encode()
-	return String(strings.ReplaceAll(u.String(), "xxxxx", Mask))
+	for _, secret := range secretsOf(raw) {
+		for _, v := range forms(secret) {
+			s = maskAll(s, v, 3)
+		}
+		for _, piece := range strings.FieldsFunc(secret, isDelimiter) {
+			for _, v := range forms(piece) {
+				s = maskAll(s, v, 4)
+			}
+		}
+	}
+	return String(s)
+}
+
+// ScrubError is Error with Scrub: err's message with the setting raw and
+// its secrets masked; errors.Is and errors.As still see the original chain.
+func ScrubError(err error, raw string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if red := Scrub(msg, raw); red != msg {
+		return &redacted{msg: red, err: err}
+	}
+	return err
+}
+
+// secretsOf returns the secrets in a connection setting: the password of a
+// URL; for a malformed one, what stands between its scheme and its last
+// '@' (and the part after the first ':' of that); the values of
+// password-like keys.
+func secretsOf(raw string) []string {
+	var out []string
+	if u, ok := wellFormed(raw); ok {
+		if pw, has := u.User.Password(); has {
+			out = append(out, pw)
+		}
+	} else if at := strings.LastIndexByte(raw, '@'); at >= 0 && !keywordValue.MatchString(raw) {
+		userinfo := raw[len(schemePrefix.FindString(raw)):at]
+		out = append(out, userinfo)
+		if _, pw, ok := strings.Cut(userinfo, ":"); ok {
+			out = append(out, pw)
+		}
+	}
+	for _, m := range secretValue.FindAllStringSubmatch(raw, -1) {
+		v := m[1]
+		out = append(out, v, strings.Trim(v, `'"`))
+	}
+	return out
+}
+
+// forms are the ways a message may quote v: verbatim, inside Go quotes
+// (%q), percent-decoded.
+func forms(v string) []string {
+	out := []string{v}
+	if q := strconv.Quote(v); q[1:len(q)-1] != v {
+		out = append(out, q[1:len(q)-1])
+	}
+	if d, err := url.PathUnescape(v); err == nil && d != v {
+		out = append(out, d)
+	}
+	if d, err := url.QueryUnescape(v); err == nil && d != v {
+		out = append(out, d)
+	}
+	return out
+}
+
+// maskAll masks every occurrence of v in s when v is at least min bytes:
+// shorter pieces are not secrets, and masking them would garble the
+// message.
+func maskAll(s, v string, min int) string {
+	if len(v) < min || v == Mask {
+		return s
+	}
+	return strings.ReplaceAll(s, v, Mask)
+}
+
+func isDelimiter(r rune) bool {
+	return strings.ContainsRune(":/?#[]@&='\" \t\r\n\\", r)
 }
 
 // Error wraps err so that its message is redacted while errors.Is and

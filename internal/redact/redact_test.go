@@ -94,3 +94,83 @@ func TestStringCoversWhatAlertsNeed(t *testing.T) {
 		t.Errorf("URL = %q", got)
 	}
 }
+
+// A connection setting that does not parse is printed with everything
+// before its last '@' masked, whatever its slashes; issue 25's shapes
+// printed the password (once or twice) before.
+func TestURLMalformed(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		"postgresql:/billing:Secret0pw@db/x":   "postgresql:/" + Mask + "@db/x",
+		"postgres:billing:Secret0pw@db/x":      "postgres:" + Mask + "@db/x",
+		"redis//:Secret0pw@host":               Mask + "@host",
+		"redis:/:Secret0pw@host":               "redis:/" + Mask + "@host",
+		"redis://:123#Secret0pw@host/0":        "redis://" + Mask + "@host/0",
+		"postgres://billing:Sec ret0pw@db/x":   "postgres://" + Mask + "@db/x",
+		"postgres://billing:Secret0pw@db:xx/x": "postgres://" + Mask + "@db:xx/x",
+		"host=db password='Secret0pw":          "host=db password=" + Mask,
+		"host=db sslpassword=Secret0pw port=1": "host=db sslpassword=" + Mask + " port=1",
+		"host=db password=Sec,ret;0pw port=1":  "host=db password=" + Mask + " port=1",
+		"host=db password='Sec\\'ret0pw' x=1":  "host=db password=" + Mask + " x=1",
+	} {
+		if got := URL(raw); got != want {
+			t.Errorf("URL(%q) = %q, want %q", raw, got, want)
+		}
+	}
+	if got := URL("postgres://billing:Secret0pw@db:5432/x?sslmode=disable"); got != "postgres://billing:"+Mask+"@db:5432/x?sslmode=disable" {
+		t.Errorf("a well-formed URL keeps its user and host: %q", got)
+	}
+}
+
+// Scrub masks what a library's error quotes of the setting: the raw text,
+// Go-quoted or decoded, and pieces of the password a wrong split quotes.
+func TestScrub(t *testing.T) {
+	t.Parallel()
+	for raw, msg := range map[string]string{
+		"redis:/:Secret0pw@host":            `redis: invalid database number: ":Secret0pw@host"`,
+		"redis//:Secret0pw@host":            `parse "redis//:Secret0pw@host": first path segment in URL cannot contain colon`,
+		"redis://:Sec\tret0pw@host":         `parse "redis://:Sec\tret0pw@host": net/url: invalid control character in URL`,
+		"postgres://u:Sec%41ret0pw@db:xx/x": `cannot parse: password SecAret0pw, port xx`,
+		"redis://:Secret0pw/abc@host":       `invalid port ":Secret0pw" after host`,
+		"host=db password='Secret0pw":       "cannot parse `host=db password='Secret0pw`: unterminated quoted string",
+	} {
+		got := Scrub(msg, raw)
+		for _, secret := range []string{"Secret0pw", "SecAret0pw", `Sec\tret0pw`, "Secret0"} {
+			if strings.Contains(got, secret) {
+				t.Errorf("Scrub(%q, %q) = %q: %q survived", msg, raw, got, secret)
+			}
+		}
+	}
+	err := ScrubError(errors.New(`redis: invalid database number: ":Secret0pw@host"`), "redis:/:Secret0pw@host")
+	if strings.Contains(err.Error(), "Secret0pw") || errors.Unwrap(err) == nil {
+		t.Errorf("ScrubError = %v, want masked with the chain kept", err)
+	}
+}
+
+func TestStringEnvironmentAndUnclosedSecrets(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"DB_PASSWORD=Secret0pw", "sslpassword=Secret0pw", `password="Secret0pw`, "password=Sec,ret0pw"} {
+		if got := String(in); strings.Contains(got, "Secret0pw") || strings.Contains(got, "ret0pw") {
+			t.Errorf("String(%q) = %q", in, got)
+		}
+	}
+}
+
+func TestMisplaced(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]bool{
+		"postgres:///:Secret0pw@db":              true, // pgx: database ":Secret0pw@db"
+		"redis://:123#Secret0pw@host/0":          true,
+		"postgresql:/billing:Secret0pw@db/x":     true,
+		"postgres://u:Secret0pw@db/x?a=b@c":      true,
+		"postgres://u:Sec@ret0pw@db:5432/x":      false, // the last '@' ends the userinfo
+		"postgres://u:Secret0pw@/x?host=/run/pg": false,
+		"redis+cluster://app:pw@h1:1,h2:2/":      false,
+		"host=db user=a@b password=Secret0pw":    false,
+		"redis://127.0.0.1:6379/0":               false,
+	} {
+		if got := Misplaced(raw); got != want {
+			t.Errorf("Misplaced(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}
