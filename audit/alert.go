@@ -82,6 +82,6 @@ func (a *Auditor) alertKey(err error) {
 		return
 	}
 	if errors.Is(err, stripeapi.ErrPermission) || errors.Is(err, stripeapi.ErrAuthentication) {
-		a.cfg.Notifier.Notify(alerts.PermissionDenied(err.Error()))
+		a.cfg.Notifier.Notify(alerts.StripeKeyRejected(err))
 	}
 }

@@ -150,7 +150,7 @@ func decideCharge(rec ledger.Record, res chargeResult, pol RetryPolicy, now time
 		// entry is parked in the dead-letter stream for replay instead of
 		// being retried in a loop, and one alert per permission is sent
 		// (deduplicated), not one per customer.
-		a := alerts.PermissionDenied(err.Error())
+		a := alerts.StripeKeyRejected(err)
 		return verdict{Outcome: OutcomeDeadLetter, Ledger: releaseLease, Stream: deadLetterEntry,
 			Reason: ReasonStripeKey, Detail: err.Error(), Alert: &a, Cause: err}
 	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
