@@ -3,6 +3,10 @@ package pgfailover_test
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
 	"testing"
 	"time"
 
@@ -135,39 +139,63 @@ func TestFailoverLosingCommitsLosesTheStalledCommits(t *testing.T) {
 }
 
 // A failover drill that would lose nothing refuses, so a test of loss
-// detection cannot pass against a failover that lost no commit; and
-// replication resumed after a stall catches the replica up.
-func TestFailoverLosingCommitsRefusesWhenNothingWouldBeLost(t *testing.T) {
+// detection cannot pass against a failover that lost no commit; replication
+// resumed after a stall catches the replica up; and when the test ends both
+// servers have exited, the relay no longer answers and the directory is gone.
+func TestFailoverLosingCommitsRefusesWhenNothingWouldBeLostAndCleansUp(t *testing.T) {
 	t.Parallel()
-	c := pgfailover.Start(t, pgfailover.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	db := connect(t, ctx, c.URL())
-	if _, err := db.Exec(ctx, "CREATE TABLE t (x int)"); err != nil {
+	var c *pgfailover.Cluster
+	t.Run("drill", func(t *testing.T) {
+		c = pgfailover.Start(t, pgfailover.Options{})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		db := connect(t, ctx, c.URL())
+		if _, err := db.Exec(ctx, "CREATE TABLE t (x int)"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StallReplication(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+		c.ResumeReplication()
+		if err := c.WaitReplicaCaughtUp(ctx); err != nil {
+			t.Fatalf("after ResumeReplication: %v", err)
+		}
+		replica := connect(t, ctx, c.Replica().URL())
+		var n int
+		if err := replica.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 1 {
+			t.Fatalf("replica has %d rows (%v) after resuming, want 1", n, err)
+		}
+		if err := c.StallReplication(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.FailoverLosingCommits(ctx); !errors.Is(err, pgfailover.ErrNothingLost) {
+			t.Fatalf("FailoverLosingCommits with nothing to lose: %v, want ErrNothingLost", err)
+		}
+		if !c.Primary().Running() || c.Primary().Name != "primary" {
+			t.Error("the refused drill touched the primary")
+		}
+	})
+	if c == nil {
+		return // skipped: no server binaries
+	}
+	primary, replica := c.Primary(), c.Replica()
+	for _, n := range []*pgfailover.Node{primary, replica} {
+		if n.Running() {
+			t.Errorf("the %s is still running after the test's cleanup", n.Name)
+		}
+		if _, err := os.Stat(n.DataDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the %s's data dir %s remains after cleanup (%v)", n.Name, n.DataDir, err)
+		}
+	}
+	u, err := url.Parse(c.URL())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.StallReplication(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	c.ResumeReplication()
-	if err := c.WaitReplicaCaughtUp(ctx); err != nil {
-		t.Fatalf("after ResumeReplication: %v", err)
-	}
-	replica := connect(t, ctx, c.Replica().URL())
-	var n int
-	if err := replica.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 1 {
-		t.Fatalf("replica has %d rows (%v) after resuming, want 1", n, err)
-	}
-	if err := c.StallReplication(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.FailoverLosingCommits(ctx); !errors.Is(err, pgfailover.ErrNothingLost) {
-		t.Fatalf("FailoverLosingCommits with nothing to lose: %v, want ErrNothingLost", err)
-	}
-	if !c.Primary().Running() || c.Primary().Name != "primary" {
-		t.Error("the refused drill touched the primary")
+	if conn, err := net.DialTimeout("tcp", u.Host, 2*time.Second); err == nil {
+		_ = conn.Close()
+		t.Errorf("the relay at %s still accepts connections after cleanup", u.Host)
 	}
 }
