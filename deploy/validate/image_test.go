@@ -3,7 +3,6 @@ package validate
 import (
 	"bufio"
 	"debug/elf"
-	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -495,34 +494,37 @@ func checkImage(t *testing.T, b, ref string) {
 	if err != nil || strings.TrimSpace(string(user)) != "65532:65532" {
 		t.Errorf("image user %q (%v), want 65532:65532", user, err)
 	}
-	// The files, from the image itself (create, not run: no runtime needed).
+	// The files, from the image itself (create, not run: no runtime needed),
+	// and its binaries run here: a machine that cannot run containers
+	// still checks what the image holds.
 	id, err := exec.Command(b, "create", ref).Output()
 	if err != nil {
 		t.Fatalf("%s create %s: %v", b, ref, err)
 	}
 	t.Cleanup(func() { _ = exec.Command(b, "rm", strings.TrimSpace(string(id))).Run() })
-	list, err := exec.Command("sh", "-c", b+" export "+strings.TrimSpace(string(id))+" | tar -t").Output()
-	if err != nil {
-		t.Fatalf("%s export: %v", b, err)
+	root := t.TempDir()
+	export := b + " export " + strings.TrimSpace(string(id)) + " | tar -x -C " + root
+	if out, err := exec.Command("sh", "-c", export).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", export, err, out)
 	}
-	files := strings.Fields(string(list))
 	for _, want := range []string{"etc/ssl/certs/ca-certificates.crt", "etc/passwd"} {
-		if !slices.Contains(files, want) {
-			t.Errorf("the image lacks /%s", want)
+		if _, err := os.Stat(filepath.Join(root, want)); err != nil {
+			t.Errorf("the image lacks /%s: %v", want, err)
 		}
 	}
 	for _, bin := range imageBinaries {
-		if !slices.Contains(files, "usr/local/bin/"+bin) {
-			t.Errorf("the image lacks /usr/local/bin/%s", bin)
+		p := filepath.Join(root, "usr/local/bin", bin)
+		checkStatic(t, p)
+		if out, err := exec.Command(p, "--help").CombinedOutput(); err != nil {
+			t.Errorf("the image's %s --help: %v\n%s", bin, err, out)
 		}
 	}
 	for i, bin := range imageBinaries {
 		out, err := exec.Command(b, "run", "--rm", ref, bin, "--help").CombinedOutput()
-		var exit *exec.ExitError
-		if i == 0 && errors.As(err, &exit) && exit.ExitCode() == 125 {
-			// 125: the engine could not start a container at all (a
-			// sandbox without the rights crun needs), not the image.
-			t.Logf("%s cannot run containers here; the binaries were not run in the image: %s", b, out)
+		if i == 0 && err != nil && strings.Contains(string(out), "OCI permission denied") {
+			// The runtime may not start containers here (a sandbox that
+			// forbids its setrlimit): the machine, not the image.
+			t.Logf("%s cannot start containers here; the binaries ran from the exported image instead: %s", b, out)
 			return
 		}
 		if err != nil {
