@@ -324,8 +324,10 @@ func TestDockerfileBuildCommand(t *testing.T) {
 	}
 }
 
-// `make install` puts the same three static binaries, under the same names,
-// into $(PREFIX)/bin.
+// `make install` puts the same static binaries, under the same names, into
+// $(PREFIX)/bin; `make image-local` packs them into an image that has the
+// CA bundle, the user 65532 in etc/passwd, and each binary, which runs as
+// that user.
 func TestMakeInstall(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -344,6 +346,21 @@ func TestMakeInstall(t *testing.T) {
 	if !slices.Equal(names, imageBinaries) {
 		t.Errorf("make install made %v, want %v", names, imageBinaries)
 	}
+	// `make image-local` packs binaries built here into an image FROM
+	// scratch (Dockerfile.prebuilt): nothing is pulled, so it builds
+	// wherever a builder runs. It packs these (BINDIR), not a second build.
+	t.Run("image-local", func(t *testing.T) {
+		b := builder()
+		if b == "" {
+			t.Skip("no container builder here (no Docker engine answering `docker info`, no podman, no buildah): make image-local is not tested")
+		}
+		const image, tag = "localhost/pelguard-validate-local", "test"
+		make := exec.Command("make", "-C", repoRoot, "image-local", "IMAGE="+image, "VERSION="+tag, "BINDIR="+filepath.Join(prefix, "bin"))
+		if out, err := make.CombinedOutput(); err != nil {
+			t.Fatalf("make image-local: %v\n%s", err, out)
+		}
+		checkImage(t, b, image+":"+tag)
+	})
 }
 
 // checkStatic fails unless p is an ELF executable without a dynamic loader.
@@ -444,7 +461,7 @@ func registryReachable() error {
 // `make image` builds the Dockerfile's image and it runs each binary as a
 // non-root user. Without a registry the test skips, saying how to build
 // an image anyway: a machine that has podman but no route to a registry
-// is not a failed check (TestImageLocal builds the registry-free image).
+// is not a failed check (TestMakeInstall/image-local builds the registry-free image).
 func TestImageBuild(t *testing.T) {
 	t.Parallel()
 	b := builder()
@@ -460,24 +477,6 @@ func TestImageBuild(t *testing.T) {
 	make := exec.Command("make", "-C", repoRoot, "image", "IMAGE="+image, "VERSION="+tag)
 	if out, err := make.CombinedOutput(); err != nil {
 		t.Fatalf("make image: %v\n%s", err, out)
-	}
-	checkImage(t, b, image+":"+tag)
-}
-
-// `make image-local` packs binaries built here into an image FROM scratch
-// (Dockerfile.prebuilt): nothing is pulled, so it builds wherever a
-// builder runs. The image has the CA bundle, the user 65532 in etc/passwd,
-// and each binary, which runs as that user.
-func TestImageLocal(t *testing.T) {
-	t.Parallel()
-	b := builder()
-	if b == "" {
-		t.Skip("no container builder here (no Docker engine answering `docker info`, no podman, no buildah): make image-local is not tested")
-	}
-	const image, tag = "localhost/pelguard-validate-local", "test"
-	make := exec.Command("make", "-C", repoRoot, "image-local", "IMAGE="+image, "VERSION="+tag)
-	if out, err := make.CombinedOutput(); err != nil {
-		t.Fatalf("make image-local: %v\n%s", err, out)
 	}
 	checkImage(t, b, image+":"+tag)
 }

@@ -14,7 +14,7 @@ import (
 // static binaries stamped with the version (its leading v dropped, as the
 // manifests' image tag is), a tarball of them, and SHA256SUMS that
 // sha256sum -c accepts; an untagged, dirty tree is refused. SKIP_IMAGE=1:
-// the image is TestImageLocal's.
+// the image is TestMakeInstall/image-local's.
 func TestMakeRelease(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
