@@ -16,7 +16,10 @@ import (
 // Each command calls it right after building its logger.
 //
 // go-redis's logger is one process-wide setting; the last command to call
-// this wins, which is the only one in a pelguard binary.
+// this wins, which is the only one in a pelguard binary. Tests that run
+// several commands in one process share it: a go-redis line of one may land
+// in another's log (never a secret: the handler redacts, and go-redis
+// prints no URLs).
 //
 // stripe-go needs nothing here: stripeapi gives every client its own
 // leveled logger (slog, or silent), so stripe-go never falls back to its
