@@ -4,12 +4,16 @@
 # pelguard-console in
 # /usr/local/bin, on distroless static, running as a numeric non-root user.
 #   make image VERSION=1.2.3        (docker, podman or buildah)
+# Base images are fully qualified (docker.io/library/…, gcr.io/…): podman
+# refuses short names like golang:1.26 unless registries.conf aliases them.
+# Without a registry, `make image-local` packs binaries built here
+# (Dockerfile.prebuilt, FROM scratch).
 # The manifests in deploy/kubernetes pick the binary with `command:`.
 
 # GO_VERSION follows the go directive of go.mod (deploy/validate checks it).
 ARG GO_VERSION=1.26
 
-FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
+FROM --platform=$BUILDPLATFORM docker.io/library/golang:${GO_VERSION}-bookworm AS build
 ARG TARGETOS
 ARG TARGETARCH
 ARG VERSION=dev

@@ -41,13 +41,59 @@ install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o "$(DESTDIR)$(PREFIX)/bin/pelguard-$$b" ./cmd/$$b || exit 1; \
 	done
 
-image: ## Build ghcr.io/pelguard/pelguard:$VERSION with docker, podman or buildah (none: a hint; fails if REQUIRE_BUILDER=1 or CI=true)
-	@if docker info >/dev/null 2>&1; then set -x; DOCKER_BUILDKIT=1 docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
-	elif command -v podman >/dev/null; then set -x; podman build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
-	elif command -v buildah >/dev/null; then set -x; buildah build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
-	else echo "make image: no container builder: start a Docker engine (https://docs.docker.com/engine/install/)"; \
-		echo "  or install podman or buildah (Debian: apt-get install -y podman)"; \
-		if [ "$(REQUIRE_BUILDER)" = 1 ] || [ "$$CI" = true ]; then exit 1; fi; fi
+# The container builder the image targets use: docker when its engine
+# answers, else podman, else buildah; none: b is empty.
+FIND_BUILDER = if docker info >/dev/null 2>&1; then b=docker; \
+	elif command -v podman >/dev/null 2>&1; then b=podman; \
+	elif command -v buildah >/dev/null 2>&1; then b=buildah; else b=; fi
+# What a target that builds nothing says, and its exit: 1 unless SKIP_IMAGE=1.
+NO_IMAGE = { echo "make $@: no container builder: start a Docker engine (https://docs.docker.com/engine/install/)"; \
+	echo "  or install podman or buildah (Debian: apt-get install -y podman)."; \
+	if [ "$(SKIP_IMAGE)" = 1 ]; then echo "make $@: SKIP_IMAGE=1: no image built"; exit 0; fi; \
+	echo "make $@: no image built (SKIP_IMAGE=1 to go on without one)"; exit 1; }
+IMAGE_ROOT  := bin/image-root
+RELEASE_VERSION = $(patsubst v%,%,$(VERSION))
+RELEASE_DIR ?= dist/$(RELEASE_VERSION)
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
+
+image: ## Build $IMAGE:$VERSION from the Dockerfile with docker, podman or buildah (pulls docker.io and gcr.io bases); no builder: fails unless SKIP_IMAGE=1
+	@if [ "$(SKIP_IMAGE)" = 1 ]; then echo "make $@: SKIP_IMAGE=1: no image built"; exit 0; fi; \
+	$(FIND_BUILDER); [ -n "$$b" ] || $(NO_IMAGE); \
+	set -x; DOCKER_BUILDKIT=1 $$b build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+image-local: ## Pack static binaries built here into $IMAGE:$VERSION FROM scratch (Dockerfile.prebuilt): no registry needed. BINDIR=dir packs those instead
+	@if [ "$(SKIP_IMAGE)" = 1 ]; then echo "make $@: SKIP_IMAGE=1: no image built"; exit 0; fi; \
+	$(FIND_BUILDER); [ -n "$$b" ] || $(NO_IMAGE); \
+	test -s /etc/ssl/certs/ca-certificates.crt || { echo "make $@: no /etc/ssl/certs/ca-certificates.crt to give the image (Debian: apt-get install -y ca-certificates)"; exit 1; }; \
+	rm -rf $(IMAGE_ROOT) && mkdir -p $(IMAGE_ROOT)/etc/ssl/certs $(IMAGE_ROOT)/usr/local/bin || exit 1; \
+	if [ -n "$(BINDIR)" ]; then \
+		for r in $(ROLES); do cp "$(BINDIR)/pelguard-$$r" $(IMAGE_ROOT)/usr/local/bin/ || exit 1; done; \
+	else $(MAKE) --no-print-directory install DESTDIR="$(CURDIR)/$(IMAGE_ROOT)" PREFIX=/usr/local VERSION=$(VERSION) || exit 1; fi; \
+	cp /etc/ssl/certs/ca-certificates.crt $(IMAGE_ROOT)/etc/ssl/certs/ && \
+	printf 'nonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' > $(IMAGE_ROOT)/etc/passwd && \
+	printf 'nonroot:x:65532:\n' > $(IMAGE_ROOT)/etc/group && \
+	set -x && $$b build -f Dockerfile.prebuilt --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) $(IMAGE_ROOT)
+
+release: ## dist/$VERSION: static binaries per RELEASE_PLATFORMS, tarballs, SHA256SUMS; then the image (image-local) where a builder runs
+	@case "$(RELEASE_VERSION)" in dev|*dirty*) if [ "$(ALLOW_DIRTY)" != 1 ]; then \
+		echo "make release: VERSION=$(VERSION): commit, then tag (git tag v0.1.0), or ALLOW_DIRTY=1"; exit 1; fi;; esac; \
+	rm -rf "$(RELEASE_DIR)" && mkdir -p "$(RELEASE_DIR)" || exit 1; \
+	for p in $(RELEASE_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; d=pelguard-$(RELEASE_VERSION)-$$os-$$arch; mkdir -p "$(RELEASE_DIR)/$$d" || exit 1; \
+		for r in $(ROLES); do echo "building $(RELEASE_DIR)/$$d/pelguard-$$r"; \
+			CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
+				-ldflags "-s -w -X github.com/pelguard/pelguard/internal/version.Version=$(RELEASE_VERSION)" \
+				-o "$(RELEASE_DIR)/$$d/pelguard-$$r" ./cmd/$$r || exit 1; \
+		done; \
+		tar -C "$(RELEASE_DIR)" -czf "$(RELEASE_DIR)/$$d.tar.gz" "$$d" || exit 1; \
+	done; \
+	(cd "$(RELEASE_DIR)" && sha256sum *.tar.gz */pelguard-* > SHA256SUMS) || exit 1; \
+	echo "$(RELEASE_DIR)/SHA256SUMS:"; cat "$(RELEASE_DIR)/SHA256SUMS"; \
+	$(FIND_BUILDER); host=pelguard-$(RELEASE_VERSION)-linux-$$($(GO) env GOARCH); \
+	if [ -z "$$b" ] || [ "$(SKIP_IMAGE)" = 1 ] || [ ! -d "$(RELEASE_DIR)/$$host" ]; then \
+		echo "make release: no image built (no container builder, SKIP_IMAGE=1, or no linux/$$($(GO) env GOARCH) in RELEASE_PLATFORMS)"; \
+		echo "  build it where a builder runs: make image-local VERSION=$(RELEASE_VERSION) BINDIR=$(RELEASE_DIR)/$$host"; \
+	else $(MAKE) --no-print-directory image-local VERSION=$(RELEASE_VERSION) BINDIR="$(RELEASE_DIR)/$$host"; fi
 
 deploy-check: ## Validate deploy/: Kubernetes types + Pod Security restricted, systemd-analyze, promtool
 	cd deploy/validate && $(GO) test -count=1 ./...
@@ -75,4 +121,4 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi
 
-.PHONY: help services cluster services-stop tools build install image deploy-check test bench demo fuzz lint
+.PHONY: help services cluster services-stop tools build install image image-local release deploy-check test bench demo fuzz lint

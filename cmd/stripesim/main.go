@@ -16,6 +16,36 @@ import (
 	"github.com/pelguard/pelguard/internal/stripesim"
 )
 
+// usage is --help's text: what stripesim is and how to point pelguard at
+// it, for someone trying pelguard, not for a Go programmer.
+const usage = `Usage: stripesim [flags]
+       stripesim version | --version
+
+stripesim is a local Stripe emulator for trying pelguard without a Stripe
+account: an in-memory stand-in for Stripe's API (customers, charges,
+PaymentIntents, refunds) that keeps every charge until it stops. Nothing it
+does reaches Stripe. It listens on --addr (default 127.0.0.1:12111),
+prints its URL, and serves until Ctrl-C.
+
+Point pelguard at it with the Stripe API base and any test key:
+
+    export STRIPE_API_BASE=http://127.0.0.1:12111   # or --stripe-api-base
+    export STRIPE_API_KEY=sk_test_anything           # any sk_test_ key works
+    consumer run --stream billing-stream --group billing-group
+
+Restricted keys (rk_test_...) need their permissions: --rk below.
+
+Look at what happened, or break things on purpose, over HTTP:
+    curl http://127.0.0.1:12111/_sim/charges       every charge made
+    curl http://127.0.0.1:12111/_sim/duplicates    customers charged twice for a period
+    curl http://127.0.0.1:12111/_sim/requests      the requests received
+    curl -d '{"error_rate":0.1}' http://127.0.0.1:12111/_sim/faults     10 % of requests fail
+    curl -d '{"duration":"24h"}' http://127.0.0.1:12111/_sim/advance    move its clock a day
+    curl http://127.0.0.1:12111/_sim/faults        the faults in force, every field
+
+Flags:
+`
+
 // rkFlags collects repeated --rk KEY=perm,perm flags.
 type rkFlags map[string][]string
 
@@ -44,17 +74,7 @@ func main() {
 	seed := flag.Int64("seed", 1, "seed for fault decisions")
 	flag.Var(rks, "rk", "restricted key and its permissions, e.g. rk_test_auditor=charges_read,payment_intents_read (repeatable)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `Usage: stripesim [flags]
-       stripesim version | --version
-
-Runs an in-memory Stripe emulator. Point stripe-go at it with
-stripe.BackendConfig{URL: stripe.String("http://<addr>")} and any sk_test_ key.
-Faults can be changed at run time: POST /_sim/faults (JSON, see
-stripesim.FaultsJSON); inspect with GET /_sim/charges, /_sim/duplicates,
-/_sim/requests; move the clock with POST /_sim/advance {"duration":"24h"}.
-
-Flags:
-`)
+		fmt.Fprint(flag.CommandLine.Output(), usage)
 		flag.PrintDefaults()
 	}
 	flag.Parse()

@@ -214,6 +214,10 @@ func build(t *testing.T, dir string) []runtime.Object {
 // deploy/kubernetes.
 var components = []string{"podmonitor", "webhook"}
 
+// The switching component (deploy/kubernetes/switching) is an alternative
+// for teams moving from their own consumer, not an add-on: it is built on
+// its own (TestSwitchingComponent), not with every component.
+
 // overlay writes an overlay of the base with the given components, as the
 // comments in their kustomization.yaml tell an operator to, plus copies of
 // extra files (the examples an operator copies into the overlay and lists
@@ -303,6 +307,7 @@ func TestKustomizeBuildIsRestricted(t *testing.T) {
 	}{
 		{"base", func(*testing.T) string { return kubeDir }, 4},
 		{"every component", func(t *testing.T) string { return overlay(t, components, "webhook/ingress.example.yaml") }, 5},
+		{"switching", func(t *testing.T) string { return overlay(t, []string{"switching"}) }, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -429,6 +434,11 @@ func checkEnv(t *testing.T, where string, c corev1.Container, configMaps, secret
 		}
 		if ref.SecretKeyRef.Name != "pelguard" || !secretKeys[ref.SecretKeyRef.Key] {
 			t.Errorf("%s: %s from Secret %s key %s, which secret.example.yaml does not have", where, e.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
+		}
+		// Slack is optional (alerts go to the log without it): a Secret
+		// without its key must not keep the pod from starting.
+		if opt := ref.SecretKeyRef.Optional; strings.HasPrefix(e.Name, "SLACK_") && (opt == nil || !*opt) {
+			t.Errorf("%s: %s from the Secret must be optional: true (Slack is optional)", where, e.Name)
 		}
 	}
 }

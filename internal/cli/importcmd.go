@@ -70,6 +70,7 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	if err != nil {
 		return Fail(stderr, name, err)
 	}
+	RouteLibraryLogs(logger)
 	sc, err := stripe.Client(logger, nil, Share{Role: stripelimit.RoleAudit}) // one-off: this process alone, at --stripe-fallback-rate
 	if err != nil {
 		return Fail(stderr, name, err)

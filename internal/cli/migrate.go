@@ -59,6 +59,7 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 	if err != nil {
 		return Fail(stderr, name, err)
 	}
+	RouteLibraryLogs(logger)
 	pool, dep, err := NewDB(dbURL, 2)
 	if err != nil {
 		return Fail(stderr, name, err)

@@ -120,7 +120,7 @@ func (w Waiter) Wait(ctx context.Context, deps ...Dep) error {
 			if err == nil {
 				if try > 1 {
 					logger.Info(d.Name+" answers", slog.String("addr", d.Addr), slog.Int("tries", try),
-						slog.Duration("waited", now().Sub(start).Round(time.Millisecond)))
+						slog.String("waited", now().Sub(start).Round(time.Millisecond).String()))
 				}
 				break
 			}
@@ -136,8 +136,10 @@ func (w Waiter) Wait(ctx context.Context, deps ...Dep) error {
 				return &UnavailableError{Dep: d.Name, Addr: d.Addr, Env: d.Env, Wait: w.For, Tries: try, Err: err}
 			}
 			delay := min(Backoff(try), remaining)
+			// Durations as text ("250ms"): a JSON handler prints a
+			// slog.Duration as integer nanoseconds, which nobody reads.
 			logger.Warn("waiting for "+d.Name, slog.String("addr", d.Addr), slog.Int("try", try),
-				slog.Duration("retry_in", delay.Round(time.Millisecond)), slog.Any("error", err))
+				slog.String("retry_in", delay.Round(time.Millisecond).String()), slog.Any("error", err))
 			if err := sleep(ctx, delay); err != nil {
 				return err
 			}

@@ -99,6 +99,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 	if err != nil {
 		return nil, err
 	}
+	cli.RouteLibraryLogs(logger)
 	// The shared helper checks the key (no unrestricted live key unless
 	// allowed) and the mode; the auditor then builds its own client from
 	// the same settings so it can count list pages.

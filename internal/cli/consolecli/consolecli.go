@@ -208,6 +208,7 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	cli.RouteLibraryLogs(logger)
 	cfg := console.Config{Schema: o.Schema, ProxyUserHeader: o.ProxyUserHeader, TrustedProxies: o.proxies,
 		AllowActions: o.AllowActions, MaxRefundCents: o.MaxRefundCents, Logger: logger, SecureCookies: o.TLSCert != ""}
 	if o.UsersFile != "" {

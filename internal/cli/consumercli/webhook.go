@@ -109,6 +109,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, name, err)
 	}
+	cli.RouteLibraryLogs(logger)
 	reg := cli.NewRegistry("webhook")
 	notifier, err := o.Slack.Notifier(logger, reg)
 	if err != nil {

@@ -179,6 +179,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
+	cli.RouteLibraryLogs(logger)
 	stopTracing, err := cli.Tracing(ctx, prog)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
