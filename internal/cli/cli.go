@@ -213,6 +213,9 @@ func redactAttr(_ []string, a slog.Attr) slog.Attr {
 				return slog.String(a.Key, r)
 			}
 		}
+	case slog.KindDuration:
+		// "1m30s", not slog's nanoseconds: log pipelines and people read it.
+		return slog.String(a.Key, a.Value.Duration().String())
 	case slog.KindAny:
 		if err, ok := a.Value.Any().(error); ok && err != nil {
 			return slog.String(a.Key, redact.String(err.Error()))

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -117,5 +118,20 @@ func TestWaitLogsDurationsAsText(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("no %v in the wait's log:\n%s", want, buf.String())
+	}
+}
+
+// Every duration a command logs reads as text ("1m30s"), whoever logged
+// it, not as slog's nanoseconds.
+func TestLoggedDurationsAreText(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	log, err := (&cli.Logging{Format: "json", Level: "info"}).Logger(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("x", slog.Duration("elapsed", 90*time.Second))
+	if !strings.Contains(b.String(), `"elapsed":"1m30s"`) {
+		t.Fatalf("duration logged as %s", b.String())
 	}
 }
