@@ -39,16 +39,36 @@ type Kind string
 
 // The kinds of alert pelguard sends.
 const (
-	KindAuditSummary       Kind = "audit_summary"
-	KindAuditFinding       Kind = "audit_finding"
-	KindDeadLetters        Kind = "dead_letters"
-	KindSpendCap           Kind = "spend_cap"
-	KindReaperAnomaly      Kind = "reaper_anomaly"
-	KindChargeFailed       Kind = "charge_failed"
+	// KindAuditSummary: an auditor run found new findings; the message
+	// lists them and the exact refund command.
+	KindAuditSummary Kind = "audit_summary"
+	// KindAuditFinding: one finding sent on its own (a thread reply of the
+	// summary).
+	KindAuditFinding Kind = "audit_finding"
+	// KindDeadLetters: entries went to <stream>:dead in the last interval,
+	// counted by reason.
+	KindDeadLetters Kind = "dead_letters"
+	// KindSpendCap: a charge was not made because it would pass the
+	// period's spend cap; the event is dead-lettered for replay.
+	KindSpendCap Kind = "spend_cap"
+	// KindReaperAnomaly: something the reaper will not fix by itself (an
+	// entry past --max-deliveries, unregistered consumers).
+	KindReaperAnomaly Kind = "reaper_anomaly"
+	// KindChargeFailed: a permanent Stripe error on one customer, who was
+	// not billed.
+	KindChargeFailed Kind = "charge_failed"
+	// KindStripeLookupFailed: a look-up before charging (past the key
+	// window, an imported period) failed; nothing was charged.
 	KindStripeLookupFailed Kind = "stripe_lookup_failed"
-	KindPermissionDenied   Kind = "permission_denied"
-	KindChargeDeclined     Kind = "charge_declined"
-	KindActionRequired     Kind = "action_required"
+	// KindPermissionDenied: the Stripe key lacks a permission (403) or is
+	// invalid or revoked (401).
+	KindPermissionDenied Kind = "permission_denied"
+	// KindChargeDeclined: a customer was not billed: a hard decline, the
+	// last retry of a soft one, or a bank debit returned for good.
+	KindChargeDeclined Kind = "charge_declined"
+	// KindActionRequired: Stripe needs the customer (authentication, a
+	// payment method) before it can charge.
+	KindActionRequired Kind = "action_required"
 )
 
 // Field is a label/value pair shown side by side (Slack section fields).
