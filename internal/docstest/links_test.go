@@ -133,9 +133,9 @@ func slugify(h string) string {
 func TestSlugify(t *testing.T) {
 	for h, want := range map[string]string{
 		"Money in motion: debits, declines, charges awaiting the customer": "money-in-motion-debits-declines-charges-awaiting-the-customer",
-		"Stripe rate limit, one for the fleet":                              "stripe-rate-limit-one-for-the-fleet",
-		"A 403: the key lacks a permission":                                 "a-403-the-key-lacks-a-permission",
-		"Keeping `billing_records` — and [rolling back](x.md)":              "keeping-billing_records--and-rolling-back",
+		"Stripe rate limit, one for the fleet":                             "stripe-rate-limit-one-for-the-fleet",
+		"A 403: the key lacks a permission":                                "a-403-the-key-lacks-a-permission",
+		"Keeping `billing_records` — and [rolling back](x.md)":             "keeping-billing_records--and-rolling-back",
 	} {
 		if got := slugify(h); got != want {
 			t.Errorf("slugify(%q) = %q, want %q", h, got, want)
