@@ -56,7 +56,7 @@ func RefundSkipped(in RefundSkippedInput) Alert {
 		Kind:  KindRefundSkipped,
 		Title: fmt.Sprintf("Refund run skipped %d duplicate(s)", len(in.Skipped)),
 		Text: "Skipped duplicates stay open. Refused ones (the canonical charge was refunded, disputed or changed at Stripe, " +
-			"or the ledger moved) need a person: see the README's refund runbook. Capped and transient ones are refunded by a later run.",
+			"or the ledger moved) need a person: see docs/operations/findings-and-refunds.md, Refund runs. Capped and transient ones are refunded by a later run.",
 		Fields: fields, ItemsTitle: "Skipped", Items: items, InlineItems: 10,
 		Fingerprint: strings.Join(fp, ":"),
 	}

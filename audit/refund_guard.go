@@ -13,8 +13,8 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-// SkipCode names why a refund run left a duplicate open. The README's
-// refund runbook has one row per code.
+// SkipCode names why a refund run left a duplicate open. The refund
+// runbook (docs/operations/findings-and-refunds.md) has one row per code.
 type SkipCode string
 
 // Why a duplicate was not refunded. Refusals (the finding is no longer a
