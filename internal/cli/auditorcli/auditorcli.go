@@ -11,7 +11,13 @@ import (
 	"github.com/pelguard/pelguard/internal/cli"
 )
 
-const prog = "auditor"
+// prog is the installed name (make install, the image, the units): help
+// and errors use it so that what they print can be typed as it is. role
+// is the short name in metrics (pelguard_build_info{role}) and traces.
+const (
+	role = "auditor"
+	prog = "pelguard-" + role
+)
 
 // Main runs the auditor's command line and returns the exit code: 0 clean,
 // 1 open findings (cli.ExitFindings), 2 error, 3 Postgres unreachable after

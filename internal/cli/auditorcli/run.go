@@ -68,6 +68,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 // rest of the Config when run builds the Auditor, before any connection.
 func (o *RunOptions) Validate() error {
 	var err error
+	if err := cli.MonthPeriod("period", o.Period, "for a week, a quarter or a day give --from and --to"); err != nil {
+		return err
+	}
 	o.window = audit.Window{Period: o.Period}
 	if o.window.From, err = parseTime("--from", o.From); err != nil {
 		return err
@@ -103,7 +106,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	stopTracing, err := cli.Tracing(ctx, prog)
+	stopTracing, err := cli.Tracing(ctx, role)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
@@ -148,7 +151,7 @@ func (o *RunOptions) runOnce(ctx context.Context, stdout, stderr io.Writer) int 
 // not Redis).
 func (o *RunOptions) runScheduled(ctx context.Context, stderr io.Writer) int {
 	o.Config.LockWait = 0 // a scheduled run skips when another holds the lock
-	reg := cli.NewRegistry(prog)
+	reg := cli.NewRegistry(role)
 	a, err := o.build(stderr, reg, true)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
