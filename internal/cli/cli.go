@@ -193,7 +193,11 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		}
 		syn, _ := synopses.Load(fs)
 		s, _ := syn.(string)
-		return &UsageError{Msg: err.Error(), Synopsis: s}
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag --" + strings.TrimPrefix(name, "-")
+		}
+		return &UsageError{Msg: msg, Synopsis: s}
 	}
 	return Refuse(fs)
 }
