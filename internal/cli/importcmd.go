@@ -146,7 +146,7 @@ func printImport(w io.Writer, s importer.Summary) {
 		fmt.Fprintf(w, "periods with imported history (pelguard asks Stripe before charging in them): %s\n", strings.Join(s.Periods, ", "))
 	}
 	for _, d := range s.Duplicates {
-		fmt.Fprintf(w, "duplicate: %s/%s charge %s (%s) besides canonical %s: a duplicate_charge finding; `auditor refund` can refund it\n",
+		fmt.Fprintf(w, "duplicate: %s/%s charge %s (%s) besides canonical %s: a duplicate_charge finding; `pelguard-auditor refund` can refund it\n",
 			d.CustomerID, d.BillingPeriod, d.ChargeID, alerts.Money(d.AmountCents, d.Currency), d.CanonicalChargeID)
 	}
 	for _, p := range s.Skipped {

@@ -17,8 +17,8 @@ const runDescription = `Diffs the Stripe charges created in a window against the
 (duplicate_charge, orphan_charge, missing_charge, amount_mismatch, disputed, ambiguous_legacy,
 stuck_pending) once. Only duplicate_charge is ever refunded: an orphan_charge is usually the
 customer's only charge for the period (pelguard's charge for a key whose ledger row is missing;
-after a ledger loss, always): record it (a redelivery, 'consumer import --from-stripe', or by
-hand), then 'auditor resolve ID'. At start it waits up to --wait-for-deps for Postgres.`
+after a ledger loss, always): record it (a redelivery, 'pelguard-consumer import --from-stripe', or by
+hand), then 'pelguard-auditor resolve ID'. At start it waits up to --wait-for-deps for Postgres.`
 
 // RunOptions are the flags of `auditor run`.
 type RunOptions struct {
