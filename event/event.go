@@ -137,9 +137,7 @@ func Reason(err error) string {
 var (
 	// Identifiers: printable, no spaces, bounded; they end up in Stripe
 	// metadata (500 chars max per value) and in the idempotency key.
-	identRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$`)
-	// Billing periods: "2026-11", "2026-W48", "2026-11-30", "2026-Q4"...
-	periodRe   = regexp.MustCompile(`^[0-9]{4}(-[A-Za-z0-9]{1,4}){0,2}$`)
+	identRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$`)
 	currencyRe = regexp.MustCompile(`^[a-z]{3}$`)
 	stripeCust = regexp.MustCompile(`^cus_[A-Za-z0-9]{1,64}$`)
 )
@@ -206,8 +204,8 @@ func Parse(payload []byte, rules Rules) (Event, error) {
 	if !stripeCust.MatchString(ev.StripeCustomerID) {
 		return Event{}, reject(ReasonBadStripeCust, "stripe_customer_id", "must look like cus_XXXX")
 	}
-	if !periodRe.MatchString(ev.BillingPeriod) {
-		return Event{}, reject(ReasonBadPeriod, "billing_period", "%q is not a period such as 2026-11", truncate(ev.BillingPeriod))
+	if err := ValidPeriod(ev.BillingPeriod); err != nil {
+		return Event{}, reject(ReasonBadPeriod, "billing_period", "%v", err)
 	}
 	if ev.Currency == "" {
 		ev.Currency = DefaultCurrency

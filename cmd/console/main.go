@@ -3,11 +3,11 @@
 // browser, and — with --allow-actions — refunds, dismissals, resolutions
 // and replays behind a per-user identity, a confirmation and a reason.
 //
-//	console [serve] --users-file FILE [flags]
-//	console serve --proxy-user-header X-Forwarded-User --trusted-proxy 10.0.0.0/8
-//	console hash-password < password
-//	console migrate up|down|status
-//	console help [COMMAND] | version
+//	pelguard-console [serve] --users-file FILE [flags]
+//	pelguard-console serve --proxy-user-header X-Forwarded-User --trusted-proxy 10.0.0.0/8
+//	pelguard-console hash-password < password
+//	pelguard-console migrate up|down|status
+//	pelguard-console help [COMMAND] | version
 //
 // Exit status: 0 stopped cleanly, 2 bad flags or configuration, 3 Redis or
 // Postgres unreachable after --wait-for-deps. The commands live in

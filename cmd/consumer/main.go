@@ -1,12 +1,12 @@
-// Command consumer charges billing events from a Redis Stream consumer group
+// Command consumer (installed as pelguard-consumer) charges billing events from a Redis Stream consumer group
 // through Stripe, exactly once per customer and billing period.
 //
-//	consumer [run] [flags]              consume until SIGTERM/SIGINT
-//	consumer cap set --period P --cents N
-//	consumer cap show
-//	consumer replay --reason R [--limit N] [--dry-run]
-//	consumer migrate up|down|status
-//	consumer help [COMMAND] | version
+//	pelguard-consumer [run] [flags]              consume until SIGTERM/SIGINT
+//	pelguard-consumer cap set --period P --cents N
+//	pelguard-consumer cap show
+//	pelguard-consumer replay --reason R [--limit N] [--dry-run]
+//	pelguard-consumer migrate up|down|status
+//	pelguard-consumer help [COMMAND] | version
 //
 // Exit status: 0 ok, 2 bad flags or configuration, 3 Redis or Postgres
 // unreachable after --wait-for-deps. The commands live in

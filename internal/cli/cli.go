@@ -39,7 +39,12 @@ const (
 
 // UsageError is a configuration mistake the user must fix; mains print it
 // and exit 2.
-type UsageError struct{ Msg string }
+type UsageError struct {
+	Msg string
+	// Synopsis, when set, is printed after the error with a pointer to
+	// --help: a mistyped flag needs the command's shape, not its manual.
+	Synopsis string
+}
 
 func (e *UsageError) Error() string { return e.Msg }
 
@@ -89,29 +94,54 @@ func EnvBool(name string, def bool) bool {
 
 // NewFlagSet returns a FlagSet that reports errors instead of exiting and
 // prints usage with a description paragraph and redacted defaults (a default
-// taken from the environment may hold a secret).
+// taken from the environment may hold a secret). A parse error (an unknown
+// flag, a bad value) prints nothing itself: Fail prints the error, the
+// synopsis and where the flags are, not the whole usage.
 func NewFlagSet(name, synopsis, description string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, strings.TrimSpace(description))
-		fs.VisitAll(func(f *flag.Flag) {
-			name, usage := flag.UnquoteUsage(f)
-			if _, secret := f.Value.(*secretValue); secret && name == "value" {
-				name = "string"
-			}
-			line := "  --" + f.Name
-			if name != "" {
-				line += " " + name
-			}
-			fmt.Fprintf(stderr, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
-			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-				fmt.Fprintf(stderr, " (default %s)", printableDefault(f))
-			}
-			fmt.Fprintln(stderr)
-		})
-	}
+	fs.Usage = func() { printUsage(stderr, fs, synopsis, description) }
+	synopses.Store(fs, synopsis)
 	return fs
+}
+
+// printUsage is --help: the synopsis, the description and every flag.
+func printUsage(w io.Writer, fs *flag.FlagSet, synopsis, description string) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, strings.TrimSpace(description))
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := Placeholder(f), f.Usage
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			fmt.Fprintf(w, " (default %s)", printableDefault(f))
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// Placeholder is the word --help shows after a flag: its type. It is taken
+// from the flag's Value alone, never from its usage text: flag.UnquoteUsage
+// would make the first `backquoted` word of the usage the placeholder
+// ("--db-schema migrate up").
+func Placeholder(f *flag.Flag) string {
+	switch v := f.Value.(type) {
+	case *secretValue:
+		return "string"
+	case interface{ IsBoolFlag() bool }:
+		if v.IsBoolFlag() {
+			return ""
+		}
+	}
+	// UnquoteUsage names the type from the Value when the usage has no
+	// backquotes; give it a copy without them.
+	name, _ := flag.UnquoteUsage(&flag.Flag{Name: f.Name, Value: f.Value, Usage: strings.ReplaceAll(f.Usage, "`", "")})
+	if name == "value" {
+		name = "string" // Streams, lists: repeatable strings
+	}
+	return name
 }
 
 // SecretVar defines a string flag whose value is a secret (a key, a token,
@@ -143,15 +173,33 @@ func printableDefault(f *flag.Flag) string {
 	return redact.String(f.DefValue)
 }
 
-// Parse parses args. -h/--help prints usage and returns flag.ErrHelp.
+// Parse parses args. -h/--help prints the full usage and returns
+// flag.ErrHelp; any other parse error is a UsageError carrying the flag
+// set's synopsis, which Fail prints instead of the full usage. Then Refuse
+// stops values that would silently mean the default.
 func Parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	// The flag package prints the error and the whole usage itself on any
+	// parse error; silence it and print what the error needs.
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.Usage()
 			return err
 		}
-		return &UsageError{Msg: err.Error()}
+		syn, _ := synopses.Load(fs)
+		s, _ := syn.(string)
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag --" + strings.TrimPrefix(name, "-")
+		}
+		return &UsageError{Msg: msg, Synopsis: s}
 	}
-	return nil
+	return Refuse(fs)
 }
 
 // ParseFlags is Parse for a command that takes flags only: a positional
@@ -239,19 +287,37 @@ func SignalContext(parent context.Context) (context.Context, context.CancelFunc)
 
 // Fail prints err for a human and returns the exit code: ExitOK for
 // flag.ErrHelp (the usage was asked for and printed), ExitUnavailable for an
-// UnavailableError, ExitError for anything else.
+// UnavailableError, ExitError for anything else. prog is the command as
+// typed ("pelguard-consumer cap set"). When the command was asked for JSON
+// logs (see Program.Main), the error is one JSON log line instead, so the
+// last line of a failed start does not break a log pipeline.
 func Fail(stderr io.Writer, prog string, err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "%s: %s\n", prog, redact.String(err.Error()))
-	var ue *UsageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", prog)
-	}
+	code := ExitError
 	var unavailable *UnavailableError
 	if errors.As(err, &unavailable) {
-		return ExitUnavailable
+		code = ExitUnavailable
 	}
-	return ExitError
+	msg := redact.String(trimLibraryPrefix(err.Error()))
+	var ue *UsageError
+	isUsage := errors.As(err, &ue)
+	if js, ok := stderr.(jsonStderr); ok {
+		attrs := []any{slog.String("command", prog), slog.String("error", msg), slog.Int("exit_code", code)}
+		if isUsage && ue.Synopsis != "" {
+			attrs = append(attrs, slog.String("usage", ue.Synopsis))
+		}
+		slog.New(slog.NewJSONHandler(js.Writer, &slog.HandlerOptions{ReplaceAttr: redactAttr})).
+			Error("cannot continue", attrs...)
+		return code
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", prog, msg)
+	if isUsage {
+		if ue.Synopsis != "" {
+			fmt.Fprintf(stderr, "Usage: %s\n", ue.Synopsis)
+		}
+		fmt.Fprintf(stderr, "Run '%s --help' for the flags.\n", prog)
+	}
+	return code
 }

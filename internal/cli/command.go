@@ -33,6 +33,9 @@ type Program struct {
 // Main runs the command args name (the default one when args is empty or
 // starts with a flag) and returns the exit code.
 func (p *Program) Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if wantsJSON(args) {
+		stderr = jsonStderr{stderr}
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		if len(args) > 0 && IsVersionFlag(args[0]) {
 			PrintVersion(stdout, p.Name)

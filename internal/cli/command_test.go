@@ -54,7 +54,7 @@ func TestProgramDispatch(t *testing.T) {
 		{[]string{"help"}, 0, "", "  cap set|show", ""},
 		{[]string{"help", "cap"}, 0, "", "Usage: tool cap set|show", ""},
 		{[]string{"help", "nope"}, 2, "", "", `unknown command "nope": want run, cap, help or version`},
-		{[]string{"nope"}, 2, "", "", "Run 'tool --help' for usage."},
+		{[]string{"nope"}, 2, "", "", "Run 'tool --help' for the flags."},
 		{[]string{"cap", "set"}, 0, "cap set", "", ""},
 		{[]string{"cap", "--help"}, 0, "", "", "Usage: tool cap set|show"},
 		{[]string{"cap", "-h"}, 0, "", "", "Usage: tool cap set|show"},

@@ -159,7 +159,7 @@ func CheckSchemaFlag(url, schema string) error {
 // RegisterSchema adds --db-schema, the schema of pelguard's tables.
 func RegisterSchema(fs *flag.FlagSet, dst *string) {
 	fs.StringVar(dst, "db-schema", Env("PELGUARD_DB_SCHEMA", migrations.DefaultSchema),
-		"Postgres schema of pelguard's tables; `migrate up` creates it, nothing outside it is touched [PELGUARD_DB_SCHEMA]")
+		"Postgres schema of pelguard's tables; 'migrate up' creates it, nothing outside it is touched [PELGUARD_DB_SCHEMA]")
 }
 
 // Stripe flags, shared by every binary that calls Stripe.

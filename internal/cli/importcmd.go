@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/importer"
@@ -64,6 +65,9 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "show what would be imported; write nothing")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
 	if err := Parse(fs, args); err != nil {
+		return Fail(stderr, name, err)
+	}
+	if err := MonthPeriod("period", cfg.Period, "leave --period out to import every period"); err != nil {
 		return Fail(stderr, name, err)
 	}
 	logger, err := log.Logger(stderr)
@@ -142,8 +146,8 @@ func printImport(w io.Writer, s importer.Summary) {
 		fmt.Fprintf(w, "periods with imported history (pelguard asks Stripe before charging in them): %s\n", strings.Join(s.Periods, ", "))
 	}
 	for _, d := range s.Duplicates {
-		fmt.Fprintf(w, "duplicate: %s/%s charge %s (%d %s) besides canonical %s: a duplicate_charge finding; `auditor refund` can refund it\n",
-			d.CustomerID, d.BillingPeriod, d.ChargeID, d.AmountCents, d.Currency, d.CanonicalChargeID)
+		fmt.Fprintf(w, "duplicate: %s/%s charge %s (%s) besides canonical %s: a duplicate_charge finding; `pelguard-auditor refund` can refund it\n",
+			d.CustomerID, d.BillingPeriod, d.ChargeID, alerts.Money(d.AmountCents, d.Currency), d.CanonicalChargeID)
 	}
 	for _, p := range s.Skipped {
 		fmt.Fprintf(w, "skipped: %s/%s %s: %s\n", p.CustomerID, p.BillingPeriod, p.ChargeID, p.Reason)

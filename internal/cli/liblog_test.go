@@ -55,10 +55,10 @@ func TestLogsAreJSONLines(t *testing.T) {
 		t.Fatalf("exit %d (%v), want %d (Redis unavailable)\n%s", code, err, cli.ExitUnavailable, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-	// The last line is cli.Fail's exit message ("consumer: Redis at … did
-	// not answer …"), plain text in every format: it is left to its owner.
-	if last := lines[len(lines)-1]; strings.HasPrefix(last, "consumer: ") {
-		lines = lines[:len(lines)-1]
+	// The last line is cli.Fail's exit message ("Redis at … did not
+	// answer …"): under LOG_FORMAT=json a JSON line like the others.
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"level":"ERROR"`) || !strings.Contains(last, `"exit_code":3`) {
+		t.Errorf("the exit message is not a JSON error line: %s", last)
 	}
 	fromRedis := 0
 	for _, line := range lines {

@@ -32,10 +32,10 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 	)
 	RegisterDatabase(fs, &dbURL)
 	RegisterSchema(fs, &schema)
-	fs.StringVar(&from, "from", "", "with `move`: the schema an earlier version left pelguard's tables in (public)")
+	fs.StringVar(&from, "from", "", "with 'migrate move': the schema an earlier version left pelguard's tables in (public)")
 	RegisterWait(fs, &wait)
 	log.Register(fs)
-	fs.BoolVar(&yes, "yes", false, "confirm `migrate down`, which DROPS every pelguard table")
+	fs.BoolVar(&yes, "yes", false, "confirm 'migrate down', which DROPS every pelguard table")
 	verb, rest, err := SplitVerb(fs, args, "up", "down", "status", "move")
 	if err != nil {
 		return Fail(stderr, name, err)

@@ -18,12 +18,12 @@ func TestCLIHelp(t *testing.T) {
 	for _, bin := range []string{"consumer", "reaper", "auditor"} {
 		for _, h := range []string{"--help", "-h"} {
 			res := runBin(t, bin, baseEnv(), 30*time.Second, "migrate", h)
-			if res.code != 0 || !strings.Contains(res.out, "Usage: "+bin+" migrate up|down|status") || strings.Contains(res.out, "unknown") {
+			if res.code != 0 || !strings.Contains(res.out, "Usage: pelguard-"+bin+" migrate up|down|status") || strings.Contains(res.out, "unknown") {
 				t.Errorf("%s migrate %s: exit %d\n%s", bin, h, res.code, res.out)
 			}
 		}
 		for _, args := range [][]string{{"help"}, {"help", "migrate"}} {
-			if res := runBin(t, bin, baseEnv(), 30*time.Second, args...); res.code != 0 || !strings.Contains(res.out, "Usage: "+bin) {
+			if res := runBin(t, bin, baseEnv(), 30*time.Second, args...); res.code != 0 || !strings.Contains(res.out, "Usage: pelguard-"+bin) {
 				t.Errorf("%s %v: exit %d\n%s", bin, args, res.code, res.out)
 			}
 		}
@@ -55,13 +55,17 @@ func TestVersion(t *testing.T) {
 		}
 		for _, arg := range []string{"version", "--version"} {
 			got := runVersion(t, out, arg)
-			if !strings.HasPrefix(got, b+" "+v+" (revision ") || !strings.Contains(got, "go1.") || strings.Contains(got, "http://") {
+			name := b
+			if b != "stripesim" {
+				name = "pelguard-" + b // the installed name
+			}
+			if !strings.HasPrefix(got, name+" "+v+" (revision ") || !strings.Contains(got, "go1.") || strings.Contains(got, "http://") {
 				t.Errorf("%s %s: %q", b, arg, got)
 			}
 		}
 	}
 	// Built without -ldflags (TestMain's binaries): the module's version.
-	line := regexp.MustCompile(`^(consumer|reaper|auditor) \S+ \(revision \S+, go1\.[^)]+\)\n$`)
+	line := regexp.MustCompile(`^pelguard-(consumer|reaper|auditor) \S+ \(revision \S+, go1\.[^)]+\)\n$`)
 	for _, b := range []string{"consumer", "reaper", "auditor"} {
 		if got := runVersion(t, bins[b], "--version"); !line.MatchString(got) {
 			t.Errorf("%s --version without -ldflags: %q", b, got)

@@ -11,7 +11,13 @@ import (
 	"github.com/pelguard/pelguard/internal/cli"
 )
 
-const prog = "auditor"
+// prog is the installed name (make install, the image, the units): help
+// and errors use it so that what they print can be typed as it is. role
+// is the short name in metrics (pelguard_build_info{role}) and traces.
+const (
+	role = "auditor"
+	prog = "pelguard-" + role
+)
 
 // Main runs the auditor's command line and returns the exit code: 0 clean,
 // 1 open findings (cli.ExitFindings), 2 error, 3 Postgres unreachable after
@@ -35,12 +41,12 @@ func program() *cli.Program {
 
 // exitStatus is the auditor's exit status paragraph, in run's --help.
 const exitStatus = `Exit status: 0 clean, 1 open findings remain when the run ends (of --period, when given;
-stored by this run, an earlier one or 'consumer import'), or duplicates left unrefunded, 2 error
+stored by this run, an earlier one or 'pelguard-consumer import'), or duplicates left unrefunded, 2 error
 (bad flags or configuration, a failed run), 3 Postgres still unreachable after --wait-for-deps.`
 
 // permissions is what the auditor's Stripe key needs, shown in --help.
 const permissions = `Stripe permissions (a restricted key, rk_live_…): Charges Read and PaymentIntents Read; Refunds
-Write only for 'auditor refund' and --auto-refund (give plain runs a key without it). An
+Write only for 'pelguard-auditor refund' and --auto-refund (give plain runs a key without it). An
 unrestricted sk_live_ key is refused unless --allow-unrestricted-key. A 403 names the missing
 permission, fails the run (exit 2) and alerts Slack.`
 

@@ -208,12 +208,12 @@ func TestHelpListsCommands(t *testing.T) {
 		t.Errorf("help refund: exit %d\n%s", code, out)
 	}
 	for _, args := range [][]string{{"migrate", "--help"}, {"migrate", "-h"}, {"refund", "--help"}, {"findings", "-h"}} {
-		if code, _, stderr := call(args...); code != 0 || !strings.Contains(stderr, "Usage: auditor "+args[0]) {
+		if code, _, stderr := call(args...); code != 0 || !strings.Contains(stderr, "Usage: pelguard-auditor "+args[0]) {
 			t.Errorf("%v: exit %d\n%s", args, code, stderr)
 		}
 	}
 	for _, arg := range []string{"version", "--version"} {
-		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "auditor ") {
+		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "pelguard-auditor ") {
 			t.Errorf("%s: exit %d %q", arg, code, out)
 		}
 	}

@@ -62,6 +62,7 @@ func (o *auditOptions) register(fs *flag.FlagSet) {
 	o.commonOptions.register(fs)
 	fs.StringVar(&o.RedisURL, "redis-url", cli.Env("REDIS_URL", ""),
 		"optional: the fleet's Redis, to share --stripe-rate with the consumers and the reaper (empty: this process alone at --stripe-fallback-rate; Redis down: the same, with a warning) [REDIS_URL]")
+	cli.ZeroMeans(fs, "redis-url") // empty: this process alone
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
 	fs.IntVar(&o.Config.MaxRefunds, "max-refunds", audit.DefaultMaxRefunds, "most refunds one refund run (or --auto-refund) makes")

@@ -29,7 +29,12 @@ func (o *FindingsOptions) filter() audit.Filter {
 }
 
 // Validate checks the flags.
-func (o *FindingsOptions) Validate() error { return checkFilter(o.filter()) }
+func (o *FindingsOptions) Validate() error {
+	if err := cli.Period("period", o.Period); err != nil {
+		return err
+	}
+	return checkFilter(o.filter())
+}
 
 func findingsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := prog + " findings"

@@ -17,8 +17,8 @@ const runDescription = `Diffs the Stripe charges created in a window against the
 (duplicate_charge, orphan_charge, missing_charge, amount_mismatch, disputed, ambiguous_legacy,
 stuck_pending) once. Only duplicate_charge is ever refunded: an orphan_charge is usually the
 customer's only charge for the period (pelguard's charge for a key whose ledger row is missing;
-after a ledger loss, always): record it (a redelivery, 'consumer import --from-stripe', or by
-hand), then 'auditor resolve ID'. At start it waits up to --wait-for-deps for Postgres.`
+after a ledger loss, always): record it (a redelivery, 'pelguard-consumer import --from-stripe', or by
+hand), then 'pelguard-auditor resolve ID'. At start it waits up to --wait-for-deps for Postgres.`
 
 // RunOptions are the flags of `auditor run`.
 type RunOptions struct {
@@ -68,6 +68,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 // rest of the Config when run builds the Auditor, before any connection.
 func (o *RunOptions) Validate() error {
 	var err error
+	if err := cli.MonthPeriod("period", o.Period, "for a week, a quarter or a day give --from and --to"); err != nil {
+		return err
+	}
 	o.window = audit.Window{Period: o.Period}
 	if o.window.From, err = parseTime("--from", o.From); err != nil {
 		return err
@@ -103,7 +106,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := o.Validate(); err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	stopTracing, err := cli.Tracing(ctx, prog)
+	stopTracing, err := cli.Tracing(ctx, role)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
@@ -148,7 +151,7 @@ func (o *RunOptions) runOnce(ctx context.Context, stdout, stderr io.Writer) int 
 // not Redis).
 func (o *RunOptions) runScheduled(ctx context.Context, stderr io.Writer) int {
 	o.Config.LockWait = 0 // a scheduled run skips when another holds the lock
-	reg := cli.NewRegistry(prog)
+	reg := cli.NewRegistry(role)
 	a, err := o.build(stderr, reg, true)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)

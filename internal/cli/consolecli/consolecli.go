@@ -27,7 +27,13 @@ import (
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
-const prog = "console"
+// prog is the installed name (make install, the image, the units): help
+// and errors use it so that what they print can be typed as it is. role
+// is the short name in metrics (pelguard_build_info{role}) and traces.
+const (
+	role = "console"
+	prog = "pelguard-" + role
+)
 
 // DefaultListen is loopback: the console is reachable from elsewhere only
 // when told so.
@@ -60,7 +66,7 @@ replay path), each after a confirmation page with a required reason, recorded in
 console_actions (who, when, what, why) and sent to Slack.
 
 Identity is required: --users-file (name:bcrypt-hash lines; make a hash with
-'console hash-password') or --proxy-user-header from --trusted-proxy addresses. It listens on
+'pelguard-console hash-password') or --proxy-user-header from --trusted-proxy addresses. It listens on
 loopback unless --listen says otherwise; a users-file login on another address needs
 --tls-cert/--tls-key (passwords are not sent in clear).
 
@@ -120,8 +126,8 @@ func (o *ServeOptions) register(fs *flag.FlagSet) {
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long requests in flight (an action) may take")
 	fs.Int64Var(&o.MaxRefundCents, "max-refund-cents", audit.DefaultMaxCents, "most minor units one console refund refunds")
-	fs.IntVar(&o.MaxRefunds24h, "max-refunds-24h", audit.DefaultMaxRefunds24h, "the rolling cap shared with `auditor refund`: refunds in any 24 h (persisted in refund_ledger)")
-	fs.Int64Var(&o.MaxCents24h, "max-cents-24h", audit.DefaultMaxCents24h, "the rolling cap shared with `auditor refund`: minor units in any 24 h")
+	fs.IntVar(&o.MaxRefunds24h, "max-refunds-24h", audit.DefaultMaxRefunds24h, "the rolling cap shared with 'pelguard-auditor refund': refunds in any 24 h (persisted in refund_ledger)")
+	fs.Int64Var(&o.MaxCents24h, "max-cents-24h", audit.DefaultMaxCents24h, "the rolling cap shared with 'pelguard-auditor refund': minor units in any 24 h")
 	o.Log.Register(fs)
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)

@@ -5,10 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/ledger"
 )
@@ -29,7 +29,7 @@ type CapOptions struct {
 func (o *CapOptions) register(fs *flag.FlagSet) {
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
-	fs.StringVar(&o.Period, "period", "", "billing period, e.g. 2026-11")
+	fs.StringVar(&o.Period, "period", "", "billing period: 2026-11, 2026-W48, 2026-Q4 or 2026-11-30")
 	fs.Int64Var(&o.Cents, "cents", -1, "cap in cents (set)")
 }
 
@@ -38,7 +38,7 @@ func (o *CapOptions) Validate() error {
 	if o.Verb == "set" && (o.Period == "" || o.Cents < 0) {
 		return cli.Usagef("--period and a non-negative --cents are required")
 	}
-	return nil
+	return cli.Period("period", o.Period)
 }
 
 func capCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -83,32 +83,19 @@ func (o *CapOptions) run(ctx context.Context) ([]ledger.Cap, error) {
 	return l.Caps(ctx)
 }
 
-// writeCaps prints caps as a table, amounts in major units.
+// writeCaps prints caps as a table, amounts as every other output prints
+// money (alerts.Money: "137.50 USD"). A cap has no currency of its own; it
+// counts the minor units of the period's events, as the spend_cap alert
+// shows it.
 func writeCaps(w io.Writer, caps []ledger.Cap) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PERIOD\tCAP\tRESERVED\tLEFT\tUPDATED")
 	for _, c := range caps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.BillingPeriod, money(c.CapCents), money(c.ReservedCents),
-			money(c.CapCents-c.ReservedCents), c.UpdatedAt.UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.BillingPeriod, alerts.Money(c.CapCents, ""), alerts.Money(c.ReservedCents, ""),
+			alerts.Money(c.CapCents-c.ReservedCents, ""), c.UpdatedAt.UTC().Format(time.RFC3339))
 	}
 	if len(caps) == 0 {
 		fmt.Fprintln(tw, "(no caps)")
 	}
 	_ = tw.Flush()
-}
-
-// money formats minor units as major units: 1375000 → "13750.00".
-func money(cents int64) string {
-	s := fmt.Sprintf("%d.%02d", cents/100, abs(cents%100))
-	if cents < 0 && !strings.HasPrefix(s, "-") {
-		s = "-" + s
-	}
-	return s
-}
-
-func abs(n int64) int64 {
-	if n < 0 {
-		return -n
-	}
-	return n
 }

@@ -54,7 +54,7 @@ func TestCapCommands(t *testing.T) {
 	if code := Main(context.Background(), []string{"cap", "show", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 {
 		t.Fatalf("cap show: %d %s", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "2026-11") || !strings.Contains(out.String(), "13750.00") {
+	if !strings.Contains(out.String(), "2026-11") || !strings.Contains(out.String(), "13750.00 USD") {
 		t.Fatalf("cap show output:\n%s", out.String())
 	}
 	out.Reset()
@@ -122,7 +122,7 @@ func TestSubcommandHelpExits0(t *testing.T) {
 	}
 	// Without a verb it is still a mistake, and the hint it gives works.
 	code, _, errb := call(context.Background(), "migrate")
-	if code != 2 || !strings.Contains(errb, "up, down, status or move") || !strings.Contains(errb, "Run 'consumer migrate --help'") {
+	if code != 2 || !strings.Contains(errb, "up, down, status or move") || !strings.Contains(errb, "Run 'pelguard-consumer migrate --help'") {
 		t.Errorf("migrate without a verb: exit %d\n%s", code, errb)
 	}
 	code, _, errb = call(context.Background(), "migrate", "sideways")
@@ -168,7 +168,7 @@ func TestVersion(t *testing.T) {
 	t.Parallel()
 	for _, arg := range []string{"version", "--version", "-version"} {
 		code, out, _ := call(context.Background(), arg)
-		if code != 0 || !strings.HasPrefix(out, "consumer ") || !strings.Contains(out, "revision") {
+		if code != 0 || !strings.HasPrefix(out, "pelguard-consumer ") || !strings.Contains(out, "revision") {
 			t.Errorf("%s: exit %d, %q", arg, code, out)
 		}
 	}

@@ -12,7 +12,13 @@ import (
 	"github.com/pelguard/pelguard/internal/cli"
 )
 
-const prog = "consumer"
+// prog is the installed name (make install, the image, the units): help
+// and errors use it so that what they print can be typed as it is. role
+// is the short name in metrics (pelguard_build_info{role}) and traces.
+const (
+	role = "consumer"
+	prog = "pelguard-" + role
+)
 
 // Main runs the consumer's command line and returns the exit code (see
 // cli.ExitOK and the others). Cancelling ctx is SIGTERM: `run` stops

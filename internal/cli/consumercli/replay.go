@@ -36,6 +36,7 @@ func (o *ReplayOptions) register(fs *flag.FlagSet) {
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "replay the dead letters of")
 	fs.StringVar(&o.Reason, "reason", "", "only dead letters with this reason (e.g. spend_cap, stripe_key_error); empty: all")
 	fs.IntVar(&o.Limit, "limit", 0, "replay at most this many per stream (0: all)")
+	cli.ZeroMeans(fs, "limit")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "list what would be replayed, change nothing")
 }
 

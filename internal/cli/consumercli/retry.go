@@ -41,7 +41,7 @@ type RetryOptions struct {
 func (o *RetryOptions) register(fs *flag.FlagSet) {
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
-	fs.StringVar(&o.Period, "period", "", "billing period, e.g. 2026-11 (required)")
+	fs.StringVar(&o.Period, "period", "", "billing period: 2026-11, 2026-W48, 2026-Q4 or 2026-11-30 (required)")
 	fs.StringVar(&o.Customer, "customer", "", "only this customer_id (default: every such customer of the period)")
 	fs.StringVar(&o.Override, "override", "", "retry bank debits their rules refuse (a new mandate), recording this reason on each row")
 }
@@ -56,6 +56,9 @@ func retryCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if o.Period == "" {
 		return cli.Fail(stderr, name, cli.Usagef("--period is required"))
+	}
+	if err := cli.Period("period", o.Period); err != nil {
+		return cli.Fail(stderr, name, err)
 	}
 	if o.Override != "" && strings.TrimSpace(o.Override) == "" {
 		return cli.Fail(stderr, name, cli.Usagef("--override needs a reason (who authorised the debit again, and when)"))

@@ -219,7 +219,7 @@ func TestUnreachableAfterWaitExit3(t *testing.T) {
 			if code != cli.ExitUnavailable {
 				t.Fatalf("exit %d, want %d\n%s", code, cli.ExitUnavailable, errb)
 			}
-			if !strings.Contains(errb, "consumer: "+tc.dep+" at 127.0.0.1:") || !strings.Contains(errb, "within --wait-for-deps 3s") ||
+			if !strings.Contains(errb, "pelguard-consumer: "+tc.dep+" at 127.0.0.1:") || !strings.Contains(errb, "within --wait-for-deps 3s") ||
 				!strings.Contains(errb, "waiting for "+tc.dep) {
 				t.Errorf("output:\n%s", errb)
 			}

@@ -20,7 +20,7 @@ func call(args ...string) (int, string, string) {
 func TestHelpAndVersion(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"migrate", "--help"}, {"migrate", "-h"}} {
-		if code, _, errb := call(args...); code != 0 || !strings.Contains(errb, "reaper migrate up|down|status") {
+		if code, _, errb := call(args...); code != 0 || !strings.Contains(errb, "pelguard-reaper migrate up|down|status") {
 			t.Errorf("%v: exit %d\n%s", args, code, errb)
 		}
 	}
@@ -34,7 +34,7 @@ func TestHelpAndVersion(t *testing.T) {
 		t.Errorf("help migrate: exit %d\n%s", code, out)
 	}
 	for _, arg := range []string{"version", "--version"} {
-		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "reaper ") {
+		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "pelguard-reaper ") {
 			t.Errorf("%s: exit %d %q", arg, code, out)
 		}
 	}

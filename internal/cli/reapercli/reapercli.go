@@ -11,7 +11,13 @@ import (
 	"github.com/pelguard/pelguard/internal/cli"
 )
 
-const prog = "reaper"
+// prog is the installed name (make install, the image, the units): help
+// and errors use it so that what they print can be typed as it is. role
+// is the short name in metrics (pelguard_build_info{role}) and traces.
+const (
+	role = "reaper"
+	prog = "pelguard-" + role
+)
 
 // Main runs the reaper's command line and returns the exit code.
 // Cancelling ctx is SIGTERM: a running reaper finishes its re-drives in

@@ -180,12 +180,12 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	cli.RouteLibraryLogs(logger)
-	stopTracing, err := cli.Tracing(ctx, prog)
+	stopTracing, err := cli.Tracing(ctx, role)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer stopTracing()
-	reg := cli.NewRegistry(prog)
+	reg := cli.NewRegistry(role)
 	notifier, err := o.Slack.Notifier(logger, reg)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
