@@ -98,7 +98,7 @@ release: ## dist/$VERSION: static binaries per RELEASE_PLATFORMS, tarballs, SHA2
 # docs is also a directory: always run the target.
 .PHONY: docs
 docs: ## Regenerate docs/reference/ from the code (flags, exit codes, metrics, alerts, tables); make test checks it is current
-	$(SERVICES) $(GO) test -count=1 -run '^TestReferenceUpToDate$$' ./internal/refdocs -update
+	$(SERVICES) $(GO) test -count=1 -run '^TestReferenceUpToDate$$' ./internal/testkit/refdocs -update
 
 deploy-check: ## Validate deploy/: Kubernetes types + Pod Security restricted, systemd-analyze, promtool
 	cd deploy/validate && $(GO) test -count=1 ./...

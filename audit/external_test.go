@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/pelguard/pelguard/internal/teamsys"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/teamsys"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // A team that keeps its own consumer (reaper --external-ledger): its table

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // TestMain doubles as the drill's killed child: partial-batch re-runs the

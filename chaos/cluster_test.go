@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/rediscluster"
+	"github.com/pelguard/pelguard/internal/testkit/rediscluster"
 )
 
 // The drill accepts a Redis Cluster (redis+cluster:// URL) as it does one

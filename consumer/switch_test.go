@@ -9,8 +9,8 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/teamsys"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/teamsys"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 

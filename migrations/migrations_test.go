@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/migrations"
 )
 

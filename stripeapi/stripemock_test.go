@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/stripemocktest"
+	"github.com/pelguard/pelguard/internal/testkit/stripemocktest"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/chaos"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // TestMain doubles as the drill's killed child, as main does.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/stripesim"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 const testKey = "sk_test_DoNotPrintMe0123456789"

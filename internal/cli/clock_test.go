@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // Skew is measured against the real Postgres: this host is in step with it

@@ -14,7 +14,7 @@ import (
 
 	"github.com/pelguard/pelguard/internal/naive"
 	"github.com/pelguard/pelguard/internal/stripesim"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 

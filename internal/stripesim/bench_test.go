@@ -10,7 +10,7 @@ import (
 
 	"github.com/stripe/stripe-go/v76"
 
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // BenchmarkChargeCreate creates charges through stripe-go from parallel

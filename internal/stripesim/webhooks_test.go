@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pelguard/pelguard/internal/stripemocktest"
+	"github.com/pelguard/pelguard/internal/testkit/stripemocktest"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/webhook"
 )

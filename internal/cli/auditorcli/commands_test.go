@@ -13,7 +13,7 @@ import (
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // Issue 25 item 7: `consumer retry --period P` re-presents only the bank

@@ -13,7 +13,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/stripesim"
-	"github.com/pelguard/pelguard/internal/testenv"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/reaper"
 )
 
