@@ -5,8 +5,10 @@ SERVICES  := scripts/services.sh run
 PKGS      := ./...
 BENCHTIME ?= 1x
 BENCHCOUNT ?= 5
-# Installed and shipped names: `go install ./cmd/...` gives consumer, reaper,
-# auditor; `make install` and the image give pelguard-consumer, ….
+# One name per binary: `make build`, `make install`, releases and the image
+# all give pelguard-consumer, -reaper, -auditor, -console (the names help,
+# docs and units use). A bare `go install ./cmd/...` names them after their
+# directories; prefer the targets.
 ROLES     := consumer reaper auditor console
 PREFIX    ?= /usr/local
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -31,8 +33,10 @@ tools: ## Install stripe-mock (Stripe's official request-shape checker) if missi
 	@test -x "$(GOBIN)/stripe-mock" || command -v stripe-mock >/dev/null || \
 		$(GO) install github.com/stripe/stripe-mock@v0.203.0
 
-build: ## Build every binary into bin/
-	$(GO) build -o bin/ ./cmd/...
+build: ## Build every binary into bin/, under its installed name (pelguard-consumer, …; stripesim, chaos)
+	@mkdir -p bin
+	@for b in $(ROLES); do $(GO) build -ldflags "$(LDFLAGS)" -o bin/pelguard-$$b ./cmd/$$b || exit 1; done
+	$(GO) build -o bin/ ./cmd/stripesim ./cmd/chaos
 
 install: ## Build static binaries into $PREFIX/bin (/usr/local/bin) as pelguard-consumer, -reaper, -auditor, -console
 	@mkdir -p "$(DESTDIR)$(PREFIX)/bin"
