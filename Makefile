@@ -60,7 +60,9 @@ RELEASE_VERSION = $(patsubst v%,%,$(VERSION))
 RELEASE_DIR ?= dist/$(RELEASE_VERSION)
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 
-image: ## Build $IMAGE:$VERSION from the Dockerfile with docker, podman or buildah (pulls docker.io and gcr.io bases); no builder: fails unless SKIP_IMAGE=1
+image: image-local ## Build $IMAGE:$VERSION offline: this machine's static binaries FROM scratch (image-local); image-dockerfile builds from the Dockerfile instead
+
+image-dockerfile: ## Build $IMAGE:$VERSION from the Dockerfile with docker, podman or buildah (pulls docker.io and gcr.io bases); no builder: fails unless SKIP_IMAGE=1
 	@if [ "$(SKIP_IMAGE)" = 1 ]; then echo "make $@: SKIP_IMAGE=1: no image built"; exit 0; fi; \
 	$(FIND_BUILDER); [ -n "$$b" ] || $(NO_IMAGE); \
 	set -x; DOCKER_BUILDKIT=1 $$b build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
@@ -130,4 +132,4 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi
 
-.PHONY: help services cluster services-stop tools build install image image-local release deploy-check test bench demo fuzz lint
+.PHONY: help services cluster services-stop tools build install image image-local image-dockerfile release deploy-check test bench demo fuzz lint

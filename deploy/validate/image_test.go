@@ -221,7 +221,7 @@ func TestMakeImageWithoutBuilder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, target := range []string{"image", "image-local"} {
+	for _, target := range []string{"image", "image-local", "image-dockerfile"} {
 		for _, skip := range []bool{false, true} {
 			args := []string{"-C", repoRoot, target, "GO=" + goPath, "VERSION=0.0.0-validate"}
 			if skip {
@@ -471,12 +471,12 @@ func TestImageBuild(t *testing.T) {
 	}
 	if err := registryReachable(); err != nil {
 		t.Skipf("no registry reachable (%v): the Dockerfile's image (docker.io golang, gcr.io distroless) is not built here; "+
-			"build it where one is (make image), or pack binaries built here with `make image-local` (FROM scratch)", err)
+			"build it where one is (make image-dockerfile), or pack binaries built here with `make image` (FROM scratch)", err)
 	}
 	const image, tag = "localhost/pelguard-validate", "test"
-	make := exec.Command("make", "-C", repoRoot, "image", "IMAGE="+image, "VERSION="+tag)
+	make := exec.Command("make", "-C", repoRoot, "image-dockerfile", "IMAGE="+image, "VERSION="+tag)
 	if out, err := make.CombinedOutput(); err != nil {
-		t.Fatalf("make image: %v\n%s", err, out)
+		t.Fatalf("make image-dockerfile: %v\n%s", err, out)
 	}
 	checkImage(t, b, image+":"+tag)
 }
