@@ -130,16 +130,21 @@ func parseDesc(d *prometheus.Desc) (name, help string, labels []string, err erro
 	return name, help, labels, nil
 }
 
-// typeOf is a collector's metric type, from its Go type.
+// typeOf is a collector's metric type, from its Go type, for the series
+// that have no value yet (the gathered ones carry their type). The
+// interfaces overlap — a Gauge has every method of a Counter, a Summary
+// those of a Histogram, and the Func kinds are bare collectors — so the
+// one with more methods is tried first, and an unobserved plain Observer
+// (pelguard registers histograms only) reads as a histogram.
 func typeOf(c prometheus.Collector) string {
 	switch c.(type) {
-	case *prometheus.CounterVec, prometheus.Counter, prometheus.CounterFunc:
-		return "counter"
-	case *prometheus.GaugeVec, prometheus.Gauge, prometheus.GaugeFunc:
+	case *prometheus.GaugeVec, prometheus.Gauge:
 		return "gauge"
-	case *prometheus.HistogramVec, prometheus.Histogram:
+	case *prometheus.CounterVec, prometheus.Counter:
+		return "counter"
+	case *prometheus.HistogramVec, prometheus.Observer:
 		return "histogram"
-	case *prometheus.SummaryVec, prometheus.Summary:
+	case *prometheus.SummaryVec:
 		return "summary"
 	}
 	return ""
