@@ -63,5 +63,6 @@ func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *
 	if err := CheckClock(ctx, s.Pool, s.ClockLimit, s.ClockWhat); err != nil {
 		return fail(err)
 	}
+	ReportDurability(ctx, s.Pool, s.Logger, s.Registry)
 	return ops, started, ExitOK, true
 }

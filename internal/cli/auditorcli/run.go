@@ -175,6 +175,7 @@ func (o *RunOptions) runScheduled(ctx context.Context, stderr io.Writer) int {
 		}
 		return cli.Fail(stderr, prog, err)
 	}
+	cli.ReportDurability(ctx, a.pool, a.logger, reg)
 	return serveSchedule(ctx, sched, &started, o.ShutdownTimeout, a.logger, stderr)
 }
 

@@ -289,6 +289,7 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	if err := cli.CheckSchema(ctx, prog, pool, o.Schema); err != nil {
 		return err
 	}
+	cli.ReportDurability(ctx, pool, logger, nil)
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return cli.Usagef("--listen %s: %v", o.Listen, err)

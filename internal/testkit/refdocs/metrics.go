@@ -33,20 +33,20 @@ type role struct {
 var roles = []role{
 	{"consumer", "pelguard-consumer run", func(reg prometheus.Registerer) error {
 		consumer.NewMetrics(reg)
-		return errs(notifier(reg), limiter(reg, stripelimit.RoleBilling))
+		return errs(notifier(reg), limiter(reg, stripelimit.RoleBilling), durability(reg))
 	}},
 	{"webhook", "pelguard-consumer webhook", func(reg prometheus.Registerer) error {
 		consumer.NewWebhookMetrics(reg)
-		return notifier(reg)
+		return errs(notifier(reg), durability(reg))
 	}},
 	{"reaper", "pelguard-reaper run", func(reg prometheus.Registerer) error {
 		reaper.NewMetrics(reg)
 		consumer.NewMetrics(reg)
-		return errs(notifier(reg), limiter(reg, stripelimit.RoleRedrive))
+		return errs(notifier(reg), limiter(reg, stripelimit.RoleRedrive), durability(reg))
 	}},
 	{"auditor", "pelguard-auditor run", func(reg prometheus.Registerer) error {
 		audit.NewMetrics(reg)
-		return errs(notifier(reg), limiter(reg, stripelimit.RoleAudit))
+		return errs(notifier(reg), limiter(reg, stripelimit.RoleAudit), durability(reg))
 	}},
 }
 
@@ -64,6 +64,12 @@ func errs(es ...error) error {
 func notifier(reg prometheus.Registerer) error {
 	_, err := alerts.New(alerts.Config{Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	return err
+}
+
+// durability is the ledger's replication mode every role exports at
+// start (the auditor with --schedule).
+func durability(reg prometheus.Registerer) error {
+	return reg.Register(cli.DurabilityGauge(cli.Durability{}))
 }
 
 func limiter(reg prometheus.Registerer, r stripelimit.Role) error {
