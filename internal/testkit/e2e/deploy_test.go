@@ -195,11 +195,13 @@ func TestDashboardMetricsExist(t *testing.T) {
 			}
 		}
 	}
-	// Same naming on every binary: pelguard_<binary>_, pelguard_alerts_ or
-	// pelguard_build_info (the reaper re-drives through the consumer's code
-	// and exports its series as well).
-	allowed := map[string][]string{"consumer": {"consumer", "alerts", "build"}, "reaper": {"reaper", "consumer", "alerts", "build"},
-		"auditor": {"auditor", "alerts", "build"}, "webhook": {"webhook", "alerts", "build"}}
+	// Same naming on every binary: pelguard_<binary>_, pelguard_alerts_,
+	// pelguard_ledger_ (the ledger's replication mode, which every role
+	// reports) or pelguard_build_info (the reaper re-drives through the
+	// consumer's code and exports its series as well).
+	allowed := map[string][]string{"consumer": {"consumer", "alerts", "ledger", "build"},
+		"reaper":  {"reaper", "consumer", "alerts", "ledger", "build"},
+		"auditor": {"auditor", "alerts", "ledger", "build"}, "webhook": {"webhook", "alerts", "ledger", "build"}}
 	// Every binary says which build it is, in its role.
 	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)
 	for bin, body := range scrape {
