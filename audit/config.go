@@ -227,7 +227,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("SettleDelay must not be negative (NoSettleDelay for none), got %s", c.SettleDelay))
 	}
 	if c.Parallel < 0 || c.Parallel > 64 {
-		errs = append(errs, fmt.Errorf("parallel must be between 1 and 64, got %d", c.Parallel))
+		errs = append(errs, fmt.Errorf("Parallel (--parallel) must be between 1 and 64, got %d", c.Parallel))
 	}
 	if c.LookupBatch < 0 {
 		errs = append(errs, fmt.Errorf("LookupBatch must not be negative, got %d", c.LookupBatch))

@@ -103,7 +103,7 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// audit config: a Postgres pool (DB) is required
-	// parallel must be between 1 and 64, got 100
+	// Parallel (--parallel) must be between 1 and 64, got 100
 	// LegacyPattern "no group" needs a group that captures the period
 	// true
 	// <nil>

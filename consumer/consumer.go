@@ -127,8 +127,10 @@ type Config struct {
 type TestConfig struct {
 	// AfterStripeReply, if set, runs after Stripe has answered a charge and
 	// before the outcome is written: the window where a killed process leaves
-	// a charge the ledger has not recorded. The drill and the tests kill the
-	// process here.
+	// a charge the ledger has not recorded. It runs after every answer,
+	// errors (a decline, a 5xx) included: a hook that must act only on a
+	// charge made wraps the Stripe client instead (the drill's child does).
+	// The tests kill the process here.
 	AfterStripeReply func()
 
 	// DisableHeartbeat is for tests that prove the other defences hold
