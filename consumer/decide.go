@@ -113,20 +113,22 @@ func decideCharge(rec ledger.Record, res chargeResult, pol RetryPolicy, now time
 		// A soft decline with retries left is retried by the ledger under
 		// the next attempt's key (no alert); a hard one, or the last soft
 		// one, is final and alerts once.
-		class := declineClass(err)
+		// Stripe's advice_code and both forms of processing_error (the
+		// error's code, or a card_declined's decline_code) decide the class.
+		class := stripeapi.DeclineClassOf(err)
 		v := verdict{Outcome: OutcomeDeclined, Ledger: writeOutcome, Stream: ackEntry,
-			Record: ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error(), FailureCode: failureCode(se),
+			Record: ledger.Outcome{Status: ledger.StatusDeclined, Error: err.Error(), FailureCode: se.FailureCode(),
 				PaymentIntentID: se.PaymentIntentID}}
 		if class == stripeapi.DeclineSoft {
 			v.Record.RetryAt = pol.retryAt(now, rec.Attempt, false)
 		}
 		if v.Record.RetryAt.IsZero() {
 			a := alerts.ChargeDeclined(alerts.Decline{CustomerID: rec.CustomerID, Period: rec.BillingPeriod,
-				Code: failureCode(se), Hard: class != stripeapi.DeclineSoft, Attempt: rec.Attempt})
+				Code: se.FailureCode(), Hard: class != stripeapi.DeclineSoft, Attempt: rec.Attempt})
 			v.Alert = &a
 		} else {
 			v.Note = fmt.Sprintf("soft decline (%s): attempt %d is retried under the next attempt's key at %s",
-				failureCode(se), rec.Attempt, v.Record.RetryAt.UTC().Format(time.RFC3339))
+				se.FailureCode(), rec.Attempt, v.Record.RetryAt.UTC().Format(time.RFC3339))
 		}
 		return v
 	case errors.Is(err, stripeapi.ErrActionRequired):
@@ -135,7 +137,7 @@ func decideCharge(rec ledger.Record, res chargeResult, pol RetryPolicy, now time
 		// again once it is fixed.
 		a := alerts.ActionRequired(rec.CustomerID, rec.BillingPeriod, se.Message)
 		return verdict{Outcome: OutcomeActionRequired, Ledger: writeOutcome, Stream: deadLetterEntry,
-			Record: ledger.Outcome{Status: ledger.StatusActionRequired, Error: err.Error(), FailureCode: failureCode(se),
+			Record: ledger.Outcome{Status: ledger.StatusActionRequired, Error: err.Error(), FailureCode: se.FailureCode(),
 				PaymentIntentID: se.PaymentIntentID},
 			Reason: ReasonActionRequired, Detail: se.Message, Alert: &a}
 	case errors.Is(err, stripeapi.ErrTransient):
@@ -166,19 +168,6 @@ func decideCharge(rec ledger.Record, res chargeResult, pol RetryPolicy, now time
 			Record: ledger.Outcome{Status: ledger.StatusFailed, Error: err.Error(), PaymentIntentID: se.PaymentIntentID},
 			Reason: ReasonStripePerm, Detail: err.Error(), Alert: &a}
 	}
-}
-
-// declineClass is how a card error is retried: Stripe's advice_code and
-// both forms of processing_error (the error's code, or a card_declined's
-// decline_code) as the Stripe adapter classifies them.
-func declineClass(err error) stripeapi.DeclineClass {
-	return stripeapi.DeclineClassOf(err)
-}
-
-// failureCode is the code a decline is recorded and alerted under:
-// decline_code when Stripe sends one, else the error's code.
-func failureCode(se stripeapi.Error) string {
-	return se.FailureCode()
 }
 
 // decideMismatch is the verdict after an idempotency_error's look-up:

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/importer"
 	"github.com/pelguard/pelguard/internal/ledger"
@@ -191,18 +193,7 @@ func TestImportQueryIsReadOnly(t *testing.T) {
 func TestImportNeverFilesAnotherCustomersChargeAsADuplicate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	team := "team_" + testenv.Suffix()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+team+" CASCADE") })
-	if err := teamsys.CreateTable(ctx, pool, team); err != nil {
-		t.Fatal(err)
-	}
-	sim := stripesim.MustNew(stripesim.Config{})
-	t.Cleanup(sim.Close)
-	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: stripeapi.NoRetries})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, team, sim, sc := teamWorld(t)
 	c1 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Description: "Usage billing for 2026-11"})
 	c2 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 4000, Description: "Usage billing for 2026-11"})
 	if _, err := pool.Exec(ctx, `INSERT INTO `+team+`.billing_records (customer_id, billing_period, charge_id, amount_cents, status) VALUES ('c_1', '2026-11', $1, 2500, 'charged')`, c1.ID); err != nil {
@@ -232,18 +223,7 @@ func TestImportNeverFilesAnotherCustomersChargeAsADuplicate(t *testing.T) {
 func TestImportNeverFilesAChargeOfAnotherCurrencyAsADuplicate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	team := "team_" + testenv.Suffix()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+team+" CASCADE") })
-	if err := teamsys.CreateTable(ctx, pool, team); err != nil {
-		t.Fatal(err)
-	}
-	sim := stripesim.MustNew(stripesim.Config{})
-	t.Cleanup(sim.Close)
-	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: stripeapi.NoRetries})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, team, sim, sc := teamWorld(t)
 	c1 := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Description: "Usage billing for 2026-11"})
 	eur := sim.SeedCharge(stripesim.ChargeSeed{Customer: "cus_ACME", Amount: 2500, Currency: "eur", Description: "Usage billing for 2026-11"})
 	if _, err := pool.Exec(ctx, `INSERT INTO `+team+`.billing_records (customer_id, billing_period, charge_id, amount_cents, status) VALUES ('c_1', '2026-11', $1, 2500, 'charged')`, c1.ID); err != nil {
@@ -269,4 +249,24 @@ func TestImportNeverFilesAChargeOfAnotherCurrencyAsADuplicate(t *testing.T) {
 	if !found {
 		t.Fatalf("the EUR charge %s is not reported: %+v", eur.ID, sum.Skipped)
 	}
+}
+
+// teamWorld is a team's billing table (the article's) in a schema of its
+// own, an emulator and a charges-mode client of it: the world of an import
+// from a team's consumer.
+func teamWorld(t *testing.T) (*pgxpool.Pool, string, *stripesim.Server, *stripeapi.Client) {
+	t.Helper()
+	pool := testenv.DB(t)
+	team := "team_" + testenv.Suffix()
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+team+" CASCADE") })
+	if err := teamsys.CreateTable(context.Background(), pool, team); err != nil {
+		t.Fatal(err)
+	}
+	sim := stripesim.MustNew(stripesim.Config{})
+	t.Cleanup(sim.Close)
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: sim.URL(), Mode: stripeapi.ModeCharges, MaxNetworkRetries: stripeapi.NoRetries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, team, sim, sc
 }
