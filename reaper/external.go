@@ -111,9 +111,9 @@ func (r *Reaper) takeLease(ctx context.Context, stream, id string, ev event.Even
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	err = tx.QueryRow(ctx, `
-		INSERT INTO {schema}.external_leases (customer_id, billing_period, owner, stream, message_id, expires_at, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-		ON CONFLICT (customer_id, billing_period) DO UPDATE SET owner = EXCLUDED.owner, epoch = {schema}.external_leases.epoch + 1,
+		INSERT INTO {schema}.external_leases (customer_id, billing_period, owner, stream, message_id, expires_at, created_at, updated_at, epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, `+ledger.EpochFloorSQL+` + 1)
+		ON CONFLICT (customer_id, billing_period) DO UPDATE SET owner = EXCLUDED.owner, epoch = greatest({schema}.external_leases.epoch, `+ledger.EpochFloorSQL+`) + 1,
 			stream = EXCLUDED.stream, message_id = EXCLUDED.message_id, expires_at = EXCLUDED.expires_at,
 			updated_at = EXCLUDED.updated_at
 		WHERE {schema}.external_leases.expires_at <= $7

@@ -53,8 +53,8 @@ func (l *Ledger) ReserveNew(ctx context.Context, reqs []ReserveRequest) (map[Key
 	rows, err := l.pool.Query(ctx, `
 		INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
-			first_attempt_at, stream_message_id, created_at, updated_at)
-		SELECT u.c, u.p, u.sc, u.a, u.cur, u.k, 'pending', u.o, u.exp, 1, 1, $10, u.m, $10, $10
+			first_attempt_at, stream_message_id, created_at, updated_at, attempt_epoch)
+		SELECT u.c, u.p, u.sc, u.a, u.cur, u.k, 'pending', u.o, u.exp, `+firstEpoch+`, 1, $10, u.m, $10, $10, `+firstEpoch+`
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
 			$7::text[], $8::timestamptz[], $9::text[]) AS u(c, p, sc, a, cur, k, o, exp, m)
 		WHERE NOT EXISTS (SELECT 1 FROM {schema}.spend_caps s WHERE s.billing_period = u.p)

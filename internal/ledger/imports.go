@@ -107,8 +107,8 @@ func (l *Ledger) Import(ctx context.Context, recs []Record) ([]ImportResult, err
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 				currency, idempotency_key, status, charge_id, charged_at, epoch, attempts, first_attempt_at,
-				last_error, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, 0, $10, nullif($11, ''), $12, $12)
+				last_error, created_at, updated_at, attempt_epoch)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, `+firstEpoch+`, 0, $10, nullif($11, ''), $12, $12, `+firstEpoch+`)
 			ON CONFLICT DO NOTHING`,
 			r.CustomerID, r.BillingPeriod, r.StripeCustomerID, r.AmountCents, r.Currency, r.IdempotencyKey,
 			string(r.Status), chargeID, chargedAt, r.FirstAttemptAt, r.LastError, now)

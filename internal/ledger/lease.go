@@ -111,8 +111,8 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	rec, err := scanRecord(tx.QueryRow(ctx, `
 		INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents,
 			currency, idempotency_key, status, lease_owner, lease_expires_at, epoch, attempts,
-			first_attempt_at, attempt_started_at, stream_message_id, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, 1, 1, $9, $9, $10, $9, $9)
+			first_attempt_at, attempt_started_at, stream_message_id, created_at, updated_at, attempt_epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, `+firstEpoch+`, 1, $9, $9, $10, $9, $9, `+firstEpoch+`)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordCols,
 		ev.CustomerID, ev.BillingPeriod, ev.StripeCustomerID, ev.AmountCents, ev.Currency,
@@ -162,7 +162,7 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	// Expired or released: take it over. The new epoch fences out whoever
 	// held it before.
 	rec, err = scanRecord(tx.QueryRow(ctx, `
-		UPDATE {schema}.billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
+		UPDATE {schema}.billing_records SET epoch = `+nextEpoch+`, attempts = attempts + 1, lease_owner = $3,
 			lease_expires_at = $4, stream_message_id = $5, updated_at = $6
 		WHERE customer_id = $1 AND billing_period = $2
 		RETURNING `+recordCols,

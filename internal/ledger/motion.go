@@ -64,8 +64,8 @@ func (l *Ledger) reopenTx(ctx context.Context, tx pgx.Tx, rec Record, owner stri
 		return Claim{}, err
 	}
 	r, err := scanRecord(tx.QueryRow(ctx, `
-		UPDATE {schema}.billing_records SET status = 'pending', epoch = epoch + 1, attempts = attempts + 1,
-			attempt_epoch = epoch + 1, attempt_started_at = $3, lease_owner = $4, lease_expires_at = $5,
+		UPDATE {schema}.billing_records SET status = 'pending', epoch = `+nextEpoch+`, attempts = attempts + 1,
+			attempt_epoch = `+nextEpoch+`, attempt_started_at = $3, lease_owner = $4, lease_expires_at = $5,
 			stream_message_id = coalesce(nullif($6, ''), stream_message_id), next_attempt_at = NULL,
 			cap_reserved_cents = $7, updated_at = $3, redrives = 0, parked_at = NULL, parked_reason = NULL
 		WHERE customer_id = $1 AND billing_period = $2
@@ -135,7 +135,7 @@ func (l *Ledger) TakeDue(ctx context.Context, owner string, lease, backoff time.
 		out.Record = rec
 		if rec.Status == StatusPending {
 			r, err := scanRecord(tx.QueryRow(ctx, `
-				UPDATE {schema}.billing_records SET epoch = epoch + 1, attempts = attempts + 1, lease_owner = $3,
+				UPDATE {schema}.billing_records SET epoch = `+nextEpoch+`, attempts = attempts + 1, lease_owner = $3,
 					lease_expires_at = $4, updated_at = $5, redrives = redrives + 1
 				WHERE customer_id = $1 AND billing_period = $2
 				RETURNING `+recordCols, rec.CustomerID, rec.BillingPeriod, owner, now.Add(lease), now))
