@@ -69,6 +69,11 @@ const (
 	// KindActionRequired: Stripe needs the customer (authentication, a
 	// payment method) before it can charge.
 	KindActionRequired Kind = "action_required"
+	// KindLedgerRollback: Postgres lost ledger commits (a failover to an
+	// asynchronous replica, a restore); the fleet fences and repairs.
+	KindLedgerRollback Kind = "ledger_rollback"
+	// KindLedgerRepaired: a rollback's repair from Stripe finished.
+	KindLedgerRepaired Kind = "ledger_repaired"
 )
 
 // Field is a label/value pair shown side by side (Slack section fields).

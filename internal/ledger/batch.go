@@ -109,7 +109,7 @@ func (l *Ledger) FinishCharged(ctx context.Context, cs []Charged) (map[Key]bool,
 		}
 		cust[i], per[i], ch[i], ep[i] = c.Record.CustomerID, c.Record.BillingPeriod, c.ChargeID, c.Record.Epoch
 	}
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+	err := l.witnessTx(ctx, func(tx pgx.Tx) error {
 		// Every key's lock before any Stripe customer's, the order a refund
 		// takes them in, so the two never wait on each other in a circle.
 		keys := make([]Key, 0, 2*len(cs))

@@ -244,7 +244,7 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 			return Record{}, errors.New("ledger: a charged outcome needs a charge id")
 		}
 		var r Record
-		err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		err := l.witnessTx(ctx, func(tx pgx.Tx) error {
 			if err := l.lockKeysShared(ctx, tx, rec.Key, StripeLockKey(rec.StripeCustomerID, rec.BillingPeriod)); err != nil {
 				return err
 			}
@@ -289,7 +289,7 @@ func (l *Ledger) Finish(ctx context.Context, rec Record, out Outcome) (Record, e
 // Stripe call for the key, by a retry or a replay, uses a new key.
 func (l *Ledger) finishUncharged(ctx context.Context, rec Record, out Outcome, now time.Time) (Record, error) {
 	var r Record
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+	err := l.witnessTx(ctx, func(tx pgx.Tx) error {
 		// The reservation belongs to the row, not to this holder: read what
 		// the row has reserved under its lock, then release exactly that.
 		var reserved int64

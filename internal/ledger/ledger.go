@@ -166,6 +166,7 @@ type Ledger struct {
 	pool     pg.DB
 	clock    clock.Clock
 	imported importedCache
+	witness  Witness
 }
 
 // New returns a Ledger over pool whose tables live in schema (empty:

@@ -40,12 +40,17 @@ func (l *Ledger) finishProcessing(ctx context.Context, rec Record, out Outcome, 
 	if poll.IsZero() {
 		poll = now
 	}
-	r, err := scanRecord(l.pool.QueryRow(ctx, `
+	var r Record
+	err := l.witnessTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		r, err = scanRecord(tx.QueryRow(ctx, `
 		UPDATE {schema}.billing_records SET status = 'processing', charge_id = $4, payment_intent_id = nullif($5, ''),
 			next_poll_at = $6, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, updated_at = $7
 		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
 		RETURNING `+recordCols,
-		rec.CustomerID, rec.BillingPeriod, rec.Epoch, out.ChargeID, out.PaymentIntentID, poll, now))
+			rec.CustomerID, rec.BillingPeriod, rec.Epoch, out.ChargeID, out.PaymentIntentID, poll, now))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("recording processing charge %s on %s (epoch %d): %w", out.ChargeID, rec.Key, rec.Epoch, ErrLeaseLost)
 	}
@@ -208,7 +213,7 @@ type Settlement struct {
 func (l *Ledger) Settle(ctx context.Context, k Key, s Settlement) (Record, error) {
 	now := l.clock.Now()
 	var r Record
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+	err := l.witnessTx(ctx, func(tx pgx.Tx) error {
 		cur, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM {schema}.billing_records
 			WHERE customer_id = $1 AND billing_period = $2 AND status = 'processing' AND charge_id = $3
 			FOR UPDATE`, k.CustomerID, k.BillingPeriod, s.ChargeID))
@@ -296,11 +301,16 @@ func (l *Ledger) RecordWebhookEvent(ctx context.Context, id, typ, objectID, resu
 // person takes it up with ScheduleRetries. Fenced by the holder's epoch.
 func (l *Ledger) Park(ctx context.Context, rec Record, reason string) (Record, error) {
 	now := l.clock.Now()
-	r, err := scanRecord(l.pool.QueryRow(ctx, `
+	var r Record
+	err := l.witnessTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		r, err = scanRecord(tx.QueryRow(ctx, `
 		UPDATE {schema}.billing_records SET lease_owner = NULL, lease_expires_at = NULL, parked_at = $4,
 			parked_reason = $5, last_error = $5, updated_at = $4
 		WHERE customer_id = $1 AND billing_period = $2 AND epoch = $3 AND status = 'pending'
 		RETURNING `+recordCols, rec.CustomerID, rec.BillingPeriod, rec.Epoch, now, truncate(reason, 500)))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("parking %s (epoch %d): %w", rec.Key, rec.Epoch, ErrLeaseLost)
 	}
