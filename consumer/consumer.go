@@ -31,6 +31,7 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
 )
@@ -113,6 +114,12 @@ type Config struct {
 	// global provider, a no-op unless the binary installed the SDK.
 	TracerProvider trace.TracerProvider
 
+	// Rollback is the process's ledger witness (internal/rollback): the
+	// ledger's outcome writes bump it, every XACK and dead letter waits for
+	// its mirror, and while it reports a rollback unrepaired every charge
+	// asks Stripe first. nil: the ledger is trusted as it is.
+	Rollback *rollback.Monitor
+
 	// Test holds hooks for tests and the drill; production leaves it zero.
 	Test TestConfig
 
@@ -161,6 +168,9 @@ func (c *Config) setDefaults() {
 	c.Clock = clock.Or(c.Clock)
 	if c.ledger == nil && c.DB != nil {
 		c.ledger = ledger.New(c.DB, c.Schema, c.Clock)
+		if c.Rollback != nil {
+			c.ledger.SetWitness(c.Rollback)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -193,7 +194,8 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	if res, done, err := p.closePreviousAttempt(ctx, h, rec, log); done {
 		return res, err
 	}
-	if imported || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) || (rec.Attempt == 1 && eventPastWindow(ev, now, p.cfg.SafeKeyWindow)) {
+	if imported || p.cfg.Rollback.Suspect() || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) ||
+		(rec.Attempt == 1 && eventPastWindow(ev, h.id, now, p.cfg.SafeKeyWindow)) {
 		start := time.Now()
 		ch, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
 		p.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
@@ -359,7 +361,7 @@ func (p *Processor) foundElsewhere(ctx context.Context, rec ledger.Record, ev ev
 // amount, currency and period or description (invariant 9).
 func (p *Processor) chargeQuery(ev event.Event, rec ledger.Record) stripeapi.ChargeQuery {
 	return stripeapi.ChargeQuery{
-		StripeCustomerID: rec.StripeCustomerID, Since: lookupSince(rec), IdempotencyKey: rec.IdempotencyKey,
+		StripeCustomerID: rec.StripeCustomerID, Since: lookupSince(rec, p.cfg.Rollback.LostSince()), IdempotencyKey: rec.IdempotencyKey,
 		CustomerID: rec.CustomerID, BillingPeriod: rec.BillingPeriod, AmountCents: rec.AmountCents, Currency: rec.Currency,
 		Description: p.cfg.Description(ev),
 	}
@@ -368,21 +370,45 @@ func (p *Processor) chargeQuery(ev event.Event, rec ledger.Record) stripeapi.Cha
 // lookupSince is how far back a look-up lists the customer's charges: an
 // hour before pelguard's first attempt, or the start of the billing period
 // when that is earlier, since a charge made before pelguard (an old
-// consumer's, a re-published event's) can be older than pelguard's row.
-func lookupSince(rec ledger.Record) time.Time {
+// consumer's, a re-published event's) can be older than pelguard's row;
+// and, while a ledger rollback is being repaired, from where its losses
+// begin (lostSince), since the row may be a lost one inserted again.
+func lookupSince(rec ledger.Record, lostSince time.Time) time.Time {
 	since := rec.FirstAttemptAt.Add(-time.Hour)
 	if start, err := time.Parse("2006-01", rec.BillingPeriod); err == nil && start.Before(since) {
-		return start
+		since = start
+	}
+	if !lostSince.IsZero() && lostSince.Before(since) {
+		since = lostSince
 	}
 	return since
 }
 
 // eventPastWindow: the event says it happened longer ago than the safe
-// window (occurred_at). A first delivery of such an event may be the
-// re-publication of one billed before the ledger was restored from a
-// backup, under a key Stripe has forgotten: look before charging.
-func eventPastWindow(ev event.Event, now time.Time, window time.Duration) bool {
-	return !ev.OccurredAt.IsZero() && now.Sub(ev.OccurredAt) > window
+// window (occurred_at), or its stream entry was added longer ago (the
+// entry id's milliseconds). A first delivery of such an event may be the
+// re-publication of one billed before the ledger lost its row (a restore,
+// a failover to an asynchronous replica), or an entry that came back after
+// a day (a Redis rollback, a paused fleet), under a key Stripe has
+// forgotten: look before charging.
+func eventPastWindow(ev event.Event, entryID string, now time.Time, window time.Duration) bool {
+	if !ev.OccurredAt.IsZero() && now.Sub(ev.OccurredAt) > window {
+		return true
+	}
+	added, ok := EntryTime(entryID)
+	return ok && now.Sub(added) > window
+}
+
+// EntryTime is when a stream entry was added, from its id
+// ("<unix ms>-<seq>"); ok is false for anything else (a ledger retry has
+// no entry).
+func EntryTime(id string) (time.Time, bool) {
+	ms, _, found := strings.Cut(id, "-")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if !found || err != nil || n <= 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n), true
 }
 
 // claimPastWindow: the current attempt's key may have been sent before
@@ -443,6 +469,12 @@ func (p *Processor) ack(ctx context.Context, stream, id string) error {
 	defer cancel()
 	ctx, span := p.tracer.Start(ctx, "redis.xack", trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
+	if err := p.cfg.Rollback.Mirror(ctx); err != nil {
+		// The commit this ack follows is not witnessed outside Postgres
+		// yet: no ack; the redelivery finds the row terminal.
+		span.SetStatus(codes.Error, "ledger witness not mirrored")
+		return err
+	}
 	if err := p.cfg.Redis.XAck(ctx, stream, p.cfg.Group, id).Err(); err != nil {
 		span.SetStatus(codes.Error, "XACK failed")
 		// Harmless for money: the ledger is terminal, so the redelivery (or

@@ -27,6 +27,7 @@ type querier interface {
 type state struct {
 	ledgerID  string
 	rows      map[string]int64
+	stamps    map[string]time.Time // each row's updated_at
 	open      bool
 	lostSince time.Time
 }
@@ -64,36 +65,42 @@ func (m *Monitor) read(ctx context.Context, q querier) (state, bool, error) {
 	if lost != nil {
 		st.open, st.lostSince = true, *lost
 	}
-	st.rows, _, err = witnessRows(ctx, q, m.db.SQL(`SELECT writer, seq, updated_at FROM {schema}.ledger_witness`))
+	st.rows, st.stamps, err = witnessRows(ctx, q, m.db.SQL(`SELECT writer, seq, updated_at FROM {schema}.ledger_witness`))
 	return st, true, err
 }
 
 func witnessRows(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, sql string) (map[string]int64, time.Time, error) {
+}, sql string) (map[string]int64, map[string]time.Time, error) {
 	rows, err := q.Query(ctx, sql)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("reading the ledger witnesses: %w", err)
+		return nil, nil, fmt.Errorf("reading the ledger witnesses: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]int64{}
-	var newest time.Time
+	out, stamps := map[string]int64{}, map[string]time.Time{}
 	for rows.Next() {
 		var w string
 		var seq int64
 		var at time.Time
 		if err := rows.Scan(&w, &seq, &at); err != nil {
-			return nil, time.Time{}, fmt.Errorf("reading the ledger witnesses: %w", err)
+			return nil, nil, fmt.Errorf("reading the ledger witnesses: %w", err)
 		}
-		out[w] = seq
+		out[w], stamps[w] = seq, at
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("reading the ledger witnesses: %w", err)
+	}
+	return out, stamps, nil
+}
+
+func newestOf(stamps map[string]time.Time) time.Time {
+	var newest time.Time
+	for _, at := range stamps {
 		if at.After(newest) {
 			newest = at
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("reading the ledger witnesses: %w", err)
-	}
-	return out, newest, nil
+	return newest
 }
 
 // check compares once and acts on a loss.
@@ -123,13 +130,18 @@ func (m *Monitor) witnessed(ctx context.Context, ledgerID string) map[string]int
 	m.mu.Lock()
 	if m.ledgerID != ledgerID {
 		// Another ledger (a new database): its witnesses are its own.
-		m.ledgerID, m.mem = ledgerID, map[string]int64{}
+		m.ledgerID, m.mem = ledgerID, map[string]seen{}
 		m.committed.Store(0)
 		m.mirrored.Store(0)
 	}
 	seen := make(map[string]int64, len(m.mem))
+	old := m.cfg.Clock.Now().Add(-forgetAfter)
 	for w, s := range m.mem {
-		seen[w] = s
+		if s.changed.Before(old) {
+			delete(m.mem, w) // idle: its row may be pruned
+			continue
+		}
+		seen[w] = s.seq
 	}
 	m.mu.Unlock()
 	if m.cfg.Redis == nil {
@@ -154,7 +166,46 @@ func (m *Monitor) remember(st state) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for w, s := range st.rows {
-		m.mem[w] = max(m.mem[w], s)
+		m.see(w, s, st.stamps[w])
+	}
+}
+
+// seen is one writer's highest known value and when it last grew.
+type seen struct {
+	seq     int64
+	changed time.Time
+}
+
+// see records a value committed at at; m.mu is held.
+func (m *Monitor) see(writer string, seq int64, at time.Time) {
+	if cur, ok := m.mem[writer]; !ok || seq > cur.seq {
+		m.mem[writer] = seen{seq: seq, changed: at}
+	}
+}
+
+// prune deletes the witness rows of writers idle for PruneAfter, from Redis
+// first: a value Redis still holds while Postgres has deleted its row would
+// read as a loss.
+func (m *Monitor) prune(ctx context.Context, now time.Time) {
+	if m.db.Pool == nil {
+		return
+	}
+	rows, err := m.db.Query(ctx, `SELECT writer FROM {schema}.ledger_witness WHERE updated_at < $1`, now.Add(-PruneAfter))
+	if err != nil {
+		return
+	}
+	writers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(writers) == 0 {
+		return
+	}
+	if m.cfg.Redis != nil {
+		if id := m.ledger(); id == "" || m.cfg.Redis.HDel(ctx, redisKey(id), writers...).Err() != nil {
+			return
+		}
+	}
+	if _, err := m.db.Exec(ctx, `DELETE FROM {schema}.ledger_witness WHERE writer = ANY($1) AND updated_at < $2`,
+		writers, now.Add(-PruneAfter)); err == nil {
+		m.cfg.Logger.Info("pruned the witness rows of writers idle for a week", "writers", len(writers))
 	}
 }
 
@@ -165,8 +216,14 @@ func (m *Monitor) publish(ctx context.Context, st state) {
 		return
 	}
 	args := make([]any, 0, 2*len(st.rows))
+	fresh := m.cfg.Clock.Now().Add(-forgetAfter)
 	for w, s := range st.rows {
-		args = append(args, w, s)
+		if st.stamps[w].After(fresh) { // an idle writer's row may be being pruned
+			args = append(args, w, s)
+		}
+	}
+	if len(args) == 0 {
+		return
 	}
 	if err := raiseScript.Run(ctx, m.cfg.Redis, []string{redisKey(st.ledgerID)}, args...).Err(); err != nil && ctx.Err() == nil {
 		m.cfg.Logger.Warn("mirroring the ledger witnesses to Redis", "err", err)
@@ -196,10 +253,11 @@ func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) 
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "pelguard.ledger_rollback."+m.cfg.Schema); err != nil {
 		return fmt.Errorf("locking the ledger's rollback record: %w", err)
 	}
-	rows, newest, err := witnessRows(ctx, tx, sql(`SELECT writer, seq, updated_at FROM {schema}.ledger_witness`))
+	rows, stamps, err := witnessRows(ctx, tx, sql(`SELECT writer, seq, updated_at FROM {schema}.ledger_witness`))
 	if err != nil {
 		return err
 	}
+	newest := newestOf(stamps)
 	losses := Compare(rows, seen)
 	if len(losses) == 0 {
 		return tx.Commit(ctx) // another process recorded it while we waited

@@ -57,6 +57,13 @@ const (
 	// repairStale: a repair claimed longer ago than this by a process that
 	// did not finish is claimed again (the repair is idempotent).
 	repairStale = 10 * time.Minute
+	// PruneAfter: witness rows of writers idle this long (processes that
+	// ended: a pod's name is new at every start) are deleted, from Redis
+	// first. A process forgets a value it has not seen change for
+	// forgetAfter, a day sooner, so a pruned row is never evidence.
+	PruneAfter  = 7 * 24 * time.Hour
+	forgetAfter = PruneAfter - 24*time.Hour
+	pruneEvery  = time.Hour
 )
 
 // RepairReport is what a repair did.
@@ -98,15 +105,16 @@ type Monitor struct {
 
 	mu        sync.Mutex
 	ledgerID  string
-	mem       map[string]int64 // every witness value this process saw committed
-	committed atomic.Int64     // this writer's last committed value
-	mirrored  atomic.Int64     // the highest value of ours Redis confirmed
+	mem       map[string]seen // every witness value this process saw committed
+	committed atomic.Int64    // this writer's last committed value
+	mirrored  atomic.Int64    // the highest value of ours Redis confirmed
 	mirrorMu  sync.Mutex
 
 	open      atomic.Bool
 	lostSince atomic.Int64 // unix nanos of the open rollbacks' lost_since
 	repairAt  time.Time    // local backoff after a failed repair
 	repairGap time.Duration
+	pruneAt   time.Time
 
 	metrics *metrics
 }
@@ -132,7 +140,7 @@ func New(cfg Config) (*Monitor, error) {
 		cfg.Margin = DefaultMargin
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
-	m := &Monitor{cfg: cfg, mem: map[string]int64{}, db: pg.NewDB(nil, cfg.Schema)}
+	m := &Monitor{cfg: cfg, mem: map[string]seen{}, db: pg.NewDB(nil, cfg.Schema)}
 	m.metrics = newMetrics(cfg.Registry)
 	return m, nil
 }
@@ -149,7 +157,7 @@ func (m *Monitor) Committed(seq int64) {
 		}
 	}
 	m.mu.Lock()
-	m.mem[m.cfg.Writer] = max(m.mem[m.cfg.Writer], seq)
+	m.see(m.cfg.Writer, seq, m.cfg.Clock.Now())
 	m.mu.Unlock()
 }
 
@@ -228,6 +236,10 @@ func (m *Monitor) run(ctx context.Context) {
 	for {
 		if m.open.Load() && m.cfg.Repair != nil {
 			m.tryRepair(ctx)
+		}
+		if now := m.cfg.Clock.Now(); now.After(m.pruneAt) {
+			m.pruneAt = now.Add(pruneEvery)
+			m.prune(ctx, now)
 		}
 		select {
 		case <-ctx.Done():
