@@ -24,6 +24,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -163,6 +164,11 @@ type Config struct {
 	MaxCents24h   int64
 
 	// Test holds hooks for tests only; production leaves it zero.
+	// Rollback is the process's ledger witness (internal/rollback): a
+	// recorded refund bumps it, and while the ledger is being repaired after
+	// a rollback no refund is made.
+	Rollback *rollback.Monitor
+
 	Test TestConfig
 
 	// Progress, when set, receives a one-line progress report every

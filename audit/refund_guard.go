@@ -37,6 +37,7 @@ const (
 	SkipMaxCents              SkipCode = "max_cents"               // the run's --max-cents
 	SkipMaxRefunds24h         SkipCode = "max_refunds_24h"         // the rolling --max-refunds-24h
 	SkipMaxCents24h           SkipCode = "max_cents_24h"           // the rolling --max-cents-24h
+	SkipLedgerRollback        SkipCode = "ledger_rollback"         // the ledger lost commits and is being repaired from Stripe
 )
 
 func (c SkipCode) isCap() bool {
@@ -75,6 +76,11 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 		return "", skipf(SkipMaxRefunds, "the run reached --max-refunds %d", run.maxN), nil
 	case run.cents+f.AmountCents > run.maxCents:
 		return "", skipf(SkipMaxCents, "%d more would pass the run's --max-cents %d (%d used)", f.AmountCents, run.maxCents, run.cents), nil
+	case a.cfg.Rollback.Suspect():
+		// The ledger may lack rows and refunds the failover erased: its
+		// canonical charges and the rolling cap are not to be trusted
+		// until the repair from Stripe has rebuilt them.
+		return "", skipf(SkipLedgerRollback, "the ledger lost commits (a failover or a restore) and is being repaired from Stripe; a later run refunds"), nil
 	}
 	tx, err := a.ledger.Begin(ctx)
 	if err != nil {
@@ -146,8 +152,18 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 	if err := a.recordRefund(mctx, tx, f, re, run.opts.Source); err != nil {
 		return "", nil, err
 	}
+	seq, err := ledger.BumpWitness(mctx, tx, a.witness(), a.cfg.Clock.Now())
+	if err != nil {
+		return "", nil, err
+	}
 	if err := tx.Commit(mctx); err != nil {
 		return "", nil, fmt.Errorf("recording refund %s of %s (finding %d): %w", re.ID, f.ChargeID, f.ID, err)
+	}
+	if seq > 0 {
+		a.cfg.Rollback.Committed(seq)
+		if err := a.cfg.Rollback.Mirror(mctx); err != nil {
+			a.log.Warn("the refund is recorded but its witness is not mirrored to Redis", "refund", re.ID, "err", err)
+		}
 	}
 	run.n, run.cents = run.n+1, run.cents+re.AmountCents
 	return re.ID, nil, nil
@@ -305,4 +321,13 @@ func (a *Auditor) recordSkip(ctx context.Context, id int64, sk skip) {
 	if err != nil {
 		a.log.Warn("recording why a refund was skipped", "finding_id", id, "error", err)
 	}
+}
+
+// witness is the process's ledger witness, or nil (a nil *Monitor in the
+// interface would not be nil).
+func (a *Auditor) witness() ledger.Witness {
+	if a.cfg.Rollback == nil {
+		return nil
+	}
+	return a.cfg.Rollback
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/rollback"
 )
 
 // WebhookPath is where the webhook handler expects Stripe's POSTs.
@@ -46,6 +47,9 @@ type WebhookConfig struct {
 	Logger   *slog.Logger
 	Clock    clock.Clock
 	Metrics  *WebhookMetrics
+	// Rollback is the process's ledger witness (Config.Rollback): the
+	// settlements it records bump it.
+	Rollback *rollback.Monitor
 }
 
 // WebhookMetrics are the webhook handler's series; nil records nothing.
@@ -123,7 +127,11 @@ func WebhookHandler(cfg WebhookConfig) (http.Handler, error) {
 	if cfg.Notifier == nil {
 		cfg.Notifier = alerts.NewLog(cfg.Logger)
 	}
-	return &webhookHandler{cfg: cfg, ledger: ledger.New(cfg.DB, cfg.Schema, cfg.Clock)}, nil
+	l := ledger.New(cfg.DB, cfg.Schema, cfg.Clock)
+	if cfg.Rollback != nil {
+		l.SetWitness(cfg.Rollback)
+	}
+	return &webhookHandler{cfg: cfg, ledger: l}, nil
 }
 
 type webhookHandler struct {

@@ -39,6 +39,7 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
 )
@@ -71,6 +72,9 @@ func (s StreamGroup) String() string { return s.Stream + "/" + s.Group }
 // Config configures a Reaper.
 type Config struct {
 	Redis redis.UniversalClient // required
+	// Rollback is the process's ledger witness, given to the re-drives
+	// (consumer.Config.Rollback).
+	Rollback *rollback.Monitor
 	// DB reaches pelguard's ledger; required.
 	DB *pgxpool.Pool
 	// Schema holds pelguard's tables (default "pelguard"); it must match
@@ -294,7 +298,7 @@ func New(cfg Config) (*Reaper, error) {
 	}
 	r := &Reaper{tracer: tracing.Tracer(cfg.TracerProvider),
 		cfg:      cfg,
-		ledger:   ledger.New(cfg.DB, cfg.Schema, cfg.Clock),
+		ledger:   witnessed(ledger.New(cfg.DB, cfg.Schema, cfg.Clock), cfg.Rollback),
 		stopped:  stoppedSet(cfg.StoppedConsumers),
 		alerted:  map[string]bool{},
 		slots:    make(chan struct{}, cfg.Workers),
@@ -316,7 +320,7 @@ func New(cfg Config) (*Reaper, error) {
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
-				Retry:    cfg.Retry,
+				Retry: cfg.Retry, Rollback: cfg.Rollback,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 				TracerProvider: cfg.TracerProvider,
 			})
@@ -418,4 +422,12 @@ func (r *Reaper) decide(d Decision) {
 	if r.cfg.OnDecision != nil {
 		r.cfg.OnDecision(d)
 	}
+}
+
+// witnessed is l with the process's witness, when it has one.
+func witnessed(l *ledger.Ledger, m *rollback.Monitor) *ledger.Ledger {
+	if m != nil {
+		l.SetWitness(m)
+	}
+	return l
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -79,7 +80,11 @@ func OpenRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 // NewDB builds the ledger's pool without connecting (pgxpool connects on
 // first use), and the Dep that waits for it. maxConns <= 0 keeps pgx's
 // default. A URL that does not parse is a UsageError.
-func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
+//
+// afterConnect runs on every new connection before it is handed out (the
+// ledger witness's check, so no statement reaches a new primary after a
+// failover before the fence).
+func NewDB(url string, maxConns int32, afterConnect ...func(context.Context, *pgx.Conn) error) (*pgxpool.Pool, Dep, error) {
 	if redact.Misplaced(url) {
 		return nil, Dep{}, misplaced("--database-url", url, "postgres://user:password@host:port/db")
 	}
@@ -89,6 +94,16 @@ func NewDB(url string, maxConns int32) (*pgxpool.Pool, Dep, error) {
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if len(afterConnect) > 0 {
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			for _, fn := range afterConnect {
+				if err := fn(ctx, c); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/internal/rollback"
 )
 
 // Startup is how the consumer, the reaper and the webhook receiver come up: /metrics, /healthz
@@ -29,6 +31,9 @@ type Startup struct {
 	ClockLimit time.Duration
 	ClockWhat  string
 	Logger     *slog.Logger
+	// Rollback, when set, starts watching the ledger for a rollback once
+	// the schema is checked (NewRollback).
+	Rollback *rollback.Monitor
 }
 
 // Run starts the ops server and waits for the dependencies. On success it
@@ -64,5 +69,10 @@ func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *
 		return fail(err)
 	}
 	ReportDurability(ctx, s.Pool, s.Logger, s.Registry)
+	if s.Rollback != nil {
+		if err := s.Rollback.Start(ctx, s.Pool); err != nil {
+			s.Logger.Warn("checking the ledger for a rollback at start", "err", err)
+		}
+	}
 	return ops, started, ExitOK, true
 }

@@ -145,6 +145,10 @@ func New(cfg Config) (*Monitor, error) {
 	return m, nil
 }
 
+// SetRepair gives the monitor its repair (Config.Repair), for roles whose
+// Stripe client is built after the pool. Call it before Start.
+func (m *Monitor) SetRepair(fn RepairFunc) { m.cfg.Repair = fn }
+
 // Writer is this process's witness row (ledger.Witness).
 func (m *Monitor) Writer() string { return m.cfg.Writer }
 

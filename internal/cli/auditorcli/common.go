@@ -11,9 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -89,6 +91,7 @@ type auditor struct {
 	pool   *pgxpool.Pool
 	schema string
 	dep    cli.Dep
+	mon    *rollback.Monitor
 	close  func()
 }
 
@@ -112,26 +115,37 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 	}
 	share := cli.Share{Role: stripelimit.RoleAudit, Registerer: reg, Logger: logger}
 	closeRedis := func() {}
-	if o.RedisURL != "" && o.Stripe.RateLimit > 0 {
-		rdb, _, err := cli.NewRedis(o.RedisURL) // never waited for: Redis is optional here
+	var rdb redis.UniversalClient
+	if o.RedisURL != "" {
+		c, _, err := cli.NewRedis(o.RedisURL) // never waited for: Redis is optional here
 		if err != nil {
 			return nil, err
 		}
-		share.Redis, closeRedis = rdb, func() { _ = rdb.Close() }
+		rdb, closeRedis = c, func() { _ = c.Close() }
+		if o.Stripe.RateLimit > 0 {
+			share.Redis = rdb
+		}
 	}
 	lim, err := o.Stripe.Limiter(share)
 	if err != nil {
 		closeRedis()
 		return nil, err
 	}
-	pool, dep, err := cli.NewDB(o.DatabaseURL, int32(max(4, o.Config.Parallel+4)))
+	// The ledger witness: its alerts go to the log here (the Slack
+	// notifier is made below, only for commands that notify).
+	mon, err := cli.NewRollback("auditor", "", o.Schema, rdb, nil, logger, reg)
 	if err != nil {
 		closeRedis()
 		return nil, err
 	}
-	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, close: func() { pool.Close(); closeRedis() }}
+	pool, dep, err := cli.NewDB(o.DatabaseURL, int32(max(4, o.Config.Parallel+4)), mon.AfterConnect)
+	if err != nil {
+		closeRedis()
+		return nil, err
+	}
+	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, mon: mon, close: func() { pool.Close(); closeRedis() }}
 	cfg := o.Config
-	cfg.DB, cfg.Schema, cfg.Logger = pool, o.Schema, logger
+	cfg.DB, cfg.Schema, cfg.Logger, cfg.Rollback = pool, o.Schema, logger, mon
 	cfg.Stripe = o.Stripe.Config(lim)
 	if notify {
 		n, err := o.Slack.Notifier(logger, reg)
@@ -155,12 +169,19 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 	return b, nil
 }
 
-// connect waits for Postgres (up to wait) and checks the schema.
+// connect waits for Postgres (up to wait), checks the schema and starts
+// watching the ledger for a rollback.
 func (b *auditor) connect(ctx context.Context, wait time.Duration) error {
 	if err := (cli.Waiter{For: wait, Logger: b.logger}).Wait(ctx, b.dep); err != nil {
 		return err
 	}
-	return cli.CheckSchema(ctx, prog, b.pool, b.schema)
+	if err := cli.CheckSchema(ctx, prog, b.pool, b.schema); err != nil {
+		return err
+	}
+	if err := b.mon.Start(ctx, b.pool); err != nil {
+		b.logger.Warn("checking the ledger for a rollback at start", "err", err)
+	}
+	return nil
 }
 
 func checkFilter(f audit.Filter) error {

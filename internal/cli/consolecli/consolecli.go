@@ -234,17 +234,11 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
 		return err
 	}
-	pool, pdep, err := cli.NewDB(o.DatabaseURL, 8)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	rdb, rdep, err := cli.NewRedis(o.RedisURL)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	cfg.DB, cfg.Redis = pool, rdb
 	n, err := o.Slack.Notifier(logger, nil)
 	if err != nil {
 		return err
@@ -254,6 +248,16 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 		defer cancel()
 		_ = n.Close(cctx)
 	}()
+	mon, err := cli.NewRollback("console", "", o.Schema, rdb, n, logger, nil)
+	if err != nil {
+		return err
+	}
+	pool, pdep, err := cli.NewDB(o.DatabaseURL, 8, mon.AfterConnect)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg.DB, cfg.Redis = pool, rdb
 	cfg.Notifier = n
 	if o.Stripe.APIKey != "" {
 		// The console's re-reads and refunds are paced like the auditor's
@@ -290,6 +294,9 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 		return err
 	}
 	cli.ReportDurability(ctx, pool, logger, nil)
+	if err := mon.Start(ctx, pool); err != nil {
+		logger.Warn("checking the ledger for a rollback at start", "err", err)
+	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return cli.Usagef("--listen %s: %v", o.Listen, err)

@@ -167,13 +167,17 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns)
+	mon, err := cli.NewRollback(role, o.Name, o.Schema, rdb, notifier, logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
 	base := o.config()
-	base.Redis, base.DB, base.Stripe = rdb, pool, sc
+	base.Redis, base.DB, base.Stripe, base.Rollback = rdb, pool, sc, mon
 	base.Notifier, base.DeadLetters, base.Metrics, base.Logger = notifier, dl, metrics, logger
 	cs := make([]*consumer.Consumer, len(o.streams))
 	for i, sg := range o.streams {
@@ -190,7 +194,7 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger}.Run(ctx, stderr)
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

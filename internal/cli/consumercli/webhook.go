@@ -120,13 +120,17 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, name, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns)
+	mon, err := cli.NewRollback("webhook", "", o.Schema, nil, notifier, logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
 	if err != nil {
 		return cli.Fail(stderr, name, err)
 	}
 	defer pool.Close()
 	h, err := consumer.WebhookHandler(consumer.WebhookConfig{DB: pool, Schema: o.Schema, Secret: o.secret, Tolerance: o.Tolerance,
-		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg)})
+		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg), Rollback: mon})
 	if err != nil {
 		return cli.Fail(stderr, name, cli.Usagef("%v", err))
 	}
@@ -136,7 +140,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Pool: pool,
 		Deps: []cli.Dep{pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: 5 * time.Second, ClockWhat: "5s", Logger: logger}.Run(ctx, stderr)
+		ClockLimit: 5 * time.Second, ClockWhat: "5s", Logger: logger, Rollback: mon}.Run(ctx, stderr)
 	if !ok {
 		_ = ln.Close()
 		return code

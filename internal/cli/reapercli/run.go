@@ -209,14 +209,18 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns)
+	mon, err := cli.NewRollback("reaper", o.Name, o.Schema, rdb, notifier, logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
 
 	cfg := o.config()
-	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger = rdb, pool, sc, notifier, logger
+	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Rollback = rdb, pool, sc, notifier, logger, mon
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
 	var printer *decisionPrinter
 	if o.DryRun {
@@ -229,7 +233,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger}.Run(ctx, stderr)
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}
