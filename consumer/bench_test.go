@@ -12,6 +12,7 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/naive"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
@@ -34,6 +35,18 @@ func BenchmarkConsumer(b *testing.B) {
 		cfg.Workers = workers
 		cfg.Count = 50
 		cfg.Logger = testenv.Discard()
+		// As every role runs: with the ledger witness (a bump in each
+		// outcome's transaction, its mirror before the XACK).
+		mon, err := rollback.New(rollback.Config{Schema: testenv.SchemaOf(w.pool), Writer: "consumer/bench", Redis: w.rdb, Logger: testenv.Discard()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mctx, stopMon := context.WithCancel(context.Background())
+		defer stopMon()
+		if err := mon.Start(mctx, w.pool); err != nil {
+			b.Fatal(err)
+		}
+		cfg.Rollback = mon
 		c, err := consumer.New(cfg)
 		if err != nil {
 			b.Fatal(err)
