@@ -21,6 +21,7 @@ import (
 	"github.com/pelguard/pelguard/internal/testkit/pgfailover"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/migrations"
+	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -58,7 +59,6 @@ func drillEvent(i int) event.Event {
 
 type drillProc struct {
 	mon  *rollback.Monitor
-	cons *consumer.Consumer
 	pool *pgxpool.Pool
 }
 
@@ -105,9 +105,10 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 	notes := alerts.NewMemory()
 	var repairs atomic.Int32
 
-	start := func(name string) drillProc {
+	start := func(name string, reap bool) drillProc {
 		t.Helper()
-		mon, err := rollback.New(rollback.Config{Schema: schema, Writer: "consumer/" + name, Redis: rdb, Notifier: notes,
+		role := map[bool]string{false: "consumer/", true: "reaper/"}[reap]
+		mon, err := rollback.New(rollback.Config{Schema: schema, Writer: role + name, Redis: rdb, Notifier: notes,
 			Logger: testenv.Logger(t), Clock: clk, Every: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -124,31 +125,47 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		l := ledger.New(pool, schema, clk)
 		mon.SetRepair(func(ctx context.Context, since time.Time) (rollback.RepairReport, error) {
 			repairs.Add(1)
-			rep, err := repair.Run(ctx, repair.Config{Ledger: l, Stripe: sc, Since: since, Namespace: "drill", By: "consumer/" + name})
+			rep, err := repair.Run(ctx, repair.Config{Ledger: l, Stripe: sc, Since: since, Namespace: "drill", By: role + name})
 			return rollback.RepairReport{Rebuilt: rep.Rebuilt, Repaired: rep.Repaired, RefundsRebuilt: rep.RefundsRebuilt,
 				Findings: rep.Findings}, err
 		})
-		c, err := consumer.New(consumer.Config{Redis: rdb, DB: pool, Schema: schema, Stripe: sc, Stream: stream, Group: "billing",
-			Name: name, Namespace: "drill", Block: 50 * time.Millisecond, Lease: 5 * time.Second, Workers: 4,
-			Logger: testenv.Logger(t), Clock: clk, Rollback: mon, FollowUpEvery: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
 		if err := mon.Start(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Start(ctx); err != nil {
-			t.Fatal(err)
+		var stop func(context.Context) error
+		if reap {
+			r, err := reaper.New(reaper.Config{Redis: rdb, DB: pool, Schema: schema, Stripe: sc, Name: name,
+				Streams: []reaper.StreamGroup{{Stream: stream, Group: "billing"}}, Namespace: "drill",
+				MinIdle: 3 * time.Second, Interval: 500 * time.Millisecond, Lease: 5 * time.Second,
+				Logger: testenv.Logger(t), Clock: clk, Rollback: mon})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			stop = r.Stop
+		} else {
+			c, err := consumer.New(consumer.Config{Redis: rdb, DB: pool, Schema: schema, Stripe: sc, Stream: stream, Group: "billing",
+				Name: name, Namespace: "drill", Block: 50 * time.Millisecond, Lease: 5 * time.Second, Workers: 4,
+				Logger: testenv.Logger(t), Clock: clk, Rollback: mon, FollowUpEvery: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			stop = c.Stop
 		}
 		t.Cleanup(func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_ = c.Stop(sctx)
+			_ = stop(sctx)
 			pool.Close()
 		})
-		return drillProc{mon: mon, cons: c, pool: pool}
+		return drillProc{mon: mon, pool: pool}
 	}
-	procs := []drillProc{start("a"), start("b")}
+	procs := []drillProc{start("a", false), start("b", false), start("r", true)}
 
 	publish := func(from, to int) {
 		t.Helper()
@@ -235,7 +252,7 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		if detected == 0 && procs[0].mon.Suspect() {
 			detected = time.Since(detectedFrom)
 		}
-		if repaired == 0 && detected != 0 && !procs[0].mon.Suspect() && !procs[1].mon.Suspect() {
+		if repaired == 0 && detected != 0 && !procs[0].mon.Suspect() && !procs[1].mon.Suspect() && !procs[2].mon.Suspect() {
 			repaired = time.Since(detectedFrom)
 		}
 		return repaired != 0 && charged(0, total) >= total && acked() && ledgerCharged(t, ctx, procs[0].pool, schema) == total
