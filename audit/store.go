@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
 )
@@ -39,11 +40,17 @@ const (
 	// customer or the only charge of another. Reported for a person to
 	// decide, never refunded by pelguard.
 	KindAmbiguousLegacy Kind = "ambiguous_legacy"
+	// KindRefundedOnly: the ledger's repair after it lost commits found a
+	// key whose only charges at Stripe are fully refunded. It is not
+	// recorded as charged (the money is back with the customer) nor billed
+	// again without a person: were the refunds meant? Subject: the key's
+	// idempotency key. Never refunded by pelguard.
+	KindRefundedOnly Kind = ledger.FindingRefundedOnly
 )
 
 // Kinds lists every kind, most urgent first.
 var Kinds = []Kind{KindDuplicate, KindOrphan, KindMissing, KindAmountMismatch, KindDisputed,
-	KindAmbiguousLegacy, KindStuckPending}
+	KindAmbiguousLegacy, KindRefundedOnly, KindStuckPending}
 
 // State is where a finding stands.
 type State string

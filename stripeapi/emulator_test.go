@@ -427,3 +427,67 @@ func TestEmulatorGetChargeSeesRefundsByHandAndDisputes(t *testing.T) {
 		t.Fatalf("after refund by hand and dispute %+v %v", got, err)
 	}
 }
+
+// pelguard's refunds carry its marker (and, through RefundCharge, who asked
+// and which key), so a refund_ledger lost with a failover can be rebuilt:
+// ListRefunds lists the account's refunds of a window, pelguard's and the
+// ones made by hand.
+func TestEmulatorListRefundsTellsPelguardsApart(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	srv := newSim(t, stripesim.Config{Now: start})
+	c := simClient(t, srv, stripeapi.Config{})
+	ctx := t.Context()
+	var chs []stripeapi.Charge
+	for i := range 4 {
+		ch, err := c.Charge(ctx, pelguardReq(fmt.Sprintf("c_l%d", i), "2026-11", 2500))
+		if err != nil {
+			t.Fatal(err)
+		}
+		chs = append(chs, ch)
+	}
+	old, err := c.Refund(ctx, chs[0].ID, 100, "refund-old") // before the window
+	if err != nil || !old.Created.Equal(start) {
+		t.Fatalf("refund %+v %v", old, err)
+	}
+	srv.Advance(time.Hour)
+	plain, err := c.Refund(ctx, chs[1].ID, 0, "refund-plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := c.RefundCharge(ctx, stripeapi.RefundRequest{ChargeID: chs[2].ID, AmountCents: 300, IdempotencyKey: "refund-full",
+		Source: "auditor refund", CustomerID: "c_l2", BillingPeriod: "2026-11"})
+	if err != nil || full.AmountCents != 300 || full.Currency != "usd" {
+		t.Fatalf("RefundCharge %+v %v", full, err)
+	}
+	byHand, err := srv.RefundByHand(chs[3].ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]stripeapi.Refund{}
+	err = c.ListRefunds(ctx, start.Add(time.Minute), srv.Now().Add(time.Minute), func(r stripeapi.Refund) error {
+		got[r.ID] = r
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[old.ID].ID != "" {
+		t.Fatalf("listed %v: want the 3 refunds of the window", got)
+	}
+	if r := got[plain.ID]; !stripeapi.IsPelguardRefund(r.Metadata) || r.ChargeID != chs[1].ID || r.AmountCents != 2500 ||
+		!r.Created.Equal(srv.Now()) || r.Reason != "duplicate" {
+		t.Fatalf("pelguard's refund as listed: %+v", r)
+	}
+	if md := got[full.ID].Metadata; !stripeapi.IsPelguardRefund(md) || md[stripeapi.MetaRefundSource] != "auditor refund" ||
+		md[stripeapi.MetaCustomerID] != "c_l2" || md[stripeapi.MetaBillingPeriod] != "2026-11" || stripeapi.IsPelguard(md) {
+		t.Fatalf("RefundCharge's metadata: %v", md)
+	}
+	if r := got[byHand]; stripeapi.IsPelguardRefund(r.Metadata) {
+		t.Fatalf("a refund by hand passes for pelguard's: %+v", r)
+	}
+	stop := errors.New("stop")
+	if err := c.ListRefunds(ctx, start, srv.Now().Add(time.Minute), func(stripeapi.Refund) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("fn's error: %v", err)
+	}
+}

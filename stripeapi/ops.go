@@ -59,6 +59,12 @@ type Refund struct {
 	ChargeID    string
 	Status      string
 	AmountCents int64
+	// Currency, Created, Reason and Metadata are filled by ListRefunds
+	// (and Currency, Created by RefundCharge).
+	Currency string
+	Created  time.Time
+	Reason   string
+	Metadata map[string]string
 }
 
 func (r ChargeRequest) validate() error {
@@ -406,41 +412,6 @@ func ceilUnix(t time.Time) int64 {
 		s++
 	}
 	return s
-}
-
-// Refund refunds amountCents of chargeID (0 = the remaining amount) with
-// reason "duplicate". idempotencyKey is required: a retried refund must not
-// refund twice.
-func (c *Client) Refund(ctx context.Context, chargeID string, amountCents int64, idempotencyKey string) (Refund, error) {
-	if chargeID == "" || idempotencyKey == "" || amountCents < 0 || len(idempotencyKey) > 255 {
-		err := &Error{Kind: ErrInvalidRequest, Message: "refund: charge id and idempotency key are required, amount must not be negative"}
-		return Refund{}, err
-	}
-	var out Refund
-	err := c.call(ctx, "refund", func(ctx context.Context) error {
-		p := &stripe.RefundParams{
-			Charge: stripe.String(chargeID),
-			Reason: stripe.String(string(stripe.RefundReasonDuplicate)),
-		}
-		if amountCents > 0 {
-			p.Amount = stripe.Int64(amountCents)
-		}
-		p.Context = ctx
-		p.SetIdempotencyKey(idempotencyKey)
-		r, err := c.api.Refunds.New(p)
-		if err != nil {
-			return err
-		}
-		out = Refund{ID: r.ID, ChargeID: chargeID, Status: string(r.Status), AmountCents: r.Amount}
-		if r.Charge != nil && r.Charge.ID != "" {
-			out.ChargeID = r.Charge.ID
-		}
-		return nil
-	})
-	if err != nil {
-		return Refund{}, fmt.Errorf("refunding %s: %w", chargeID, err)
-	}
-	return out, nil
 }
 
 func toCharge(ch *stripe.Charge) Charge {

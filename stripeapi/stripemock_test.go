@@ -122,6 +122,28 @@ func TestStripeMockConformance(t *testing.T) {
 		if _, err := c.Refund(ctx, "ch_mock", 0, "refund-dup-ch_mock-full"); err != nil {
 			t.Fatalf("full Refund rejected by stripe-mock: %v", err)
 		}
+		if _, err := c.RefundCharge(ctx, stripeapi.RefundRequest{ChargeID: "ch_mock", AmountCents: 100, IdempotencyKey: "refund-dup-ch_mock-md",
+			Source: "auditor refund", CustomerID: "c_42", BillingPeriod: "2026-11"}); err != nil {
+			t.Fatalf("RefundCharge (metadata) rejected by stripe-mock: %v", err)
+		}
+	})
+
+	t.Run("ListRefunds", func(t *testing.T) {
+		t.Parallel()
+		n := 0
+		err := newClient(t, "", false).ListRefunds(ctx, time.Unix(0, 0), time.Now(), func(stripeapi.Refund) error {
+			n++
+			if n >= 100 { // stripe-mock may repeat its fixture page forever
+				return errStopList
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStopList) {
+			t.Fatalf("ListRefunds rejected by stripe-mock: %v", err)
+		}
+		if n == 0 {
+			t.Fatalf("ListRefunds returned nothing")
+		}
 	})
 
 	t.Run("Intents", func(t *testing.T) {

@@ -31,7 +31,10 @@ bills anything, so that no customer is charged twice across the switch. Sources,
 
 Every charge is verified at Stripe (amount, currency, customer, status) and recorded charged
 with its real charge id; declined rows become declined; two charges for one key become one row
-and a duplicate_charge finding (the charge the team's table names stays canonical). The team's
+and a duplicate_charge finding (the charge the team's table names stays canonical). A key the
+ledger has as pending or processing (a Postgres failover or a restore took it back from charged)
+whose charge Stripe has is repaired: recorded charged with it, under a new epoch, so an old lease
+holder can never write it again; a key whose charges are all refunded stays a conflict. The team's
 data is only read (table and query run in READ ONLY transactions). --stream lets the import
 read the stream's events: they map Stripe customers to your customer ids and give declined rows
 their amount. Run it with the --namespace pelguard will run with (the article's code:
@@ -142,6 +145,9 @@ func printImport(w io.Writer, s importer.Summary) {
 	}
 	fmt.Fprintf(w, "read %d rows of the team's table and %d unmarked charges at Stripe\n", s.TeamRows, s.StripeCharges)
 	fmt.Fprintf(w, "%s %d charged and %d declined rows; %d already in the ledger\n", verb, s.ImportedCharged, s.ImportedDeclined, s.AlreadyInLedger)
+	if s.Repaired > 0 {
+		fmt.Fprintf(w, "repaired %d rows the ledger had as pending or processing: Stripe has their charge, now recorded charged\n", s.Repaired)
+	}
 	if len(s.Periods) > 0 {
 		fmt.Fprintf(w, "periods with imported history (pelguard asks Stripe before charging in them): %s\n", strings.Join(s.Periods, ", "))
 	}

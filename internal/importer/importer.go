@@ -110,11 +110,15 @@ type Summary struct {
 	ImportedCharged  int `json:"imported_charged"`
 	ImportedDeclined int `json:"imported_declined"`
 	// AlreadyInLedger: keys the ledger had with the same outcome (a rerun).
-	AlreadyInLedger int         `json:"already_in_ledger"`
-	Skipped         []Problem   `json:"skipped"`
-	Conflicts       []Problem   `json:"conflicts"`
-	Duplicates      []Duplicate `json:"duplicates"`
-	Periods         []string    `json:"periods"`
+	AlreadyInLedger int `json:"already_in_ledger"`
+	// Repaired: keys the ledger had as pending or processing (a failover
+	// took them back from charged, or their charge was never recorded)
+	// whose charge Stripe has: now charged with it, under a new epoch.
+	Repaired   int         `json:"repaired"`
+	Skipped    []Problem   `json:"skipped"`
+	Conflicts  []Problem   `json:"conflicts"`
+	Duplicates []Duplicate `json:"duplicates"`
+	Periods    []string    `json:"periods"`
 }
 
 // TeamRow is one row of the team's table (the article's columns).
@@ -168,6 +172,7 @@ type keyed struct {
 	team     *TeamRow
 	teamCh   string // the charge the team's table names, verified
 	charges  []stripeapi.Charge
+	canon    stripeapi.Charge // the key's canonical charge (decide)
 	event    *event.Event
 	problems []string
 }

@@ -2,6 +2,7 @@ package importer_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +270,74 @@ func teamWorld(t *testing.T) (*pgxpool.Pool, string, *stripesim.Server, *stripea
 		t.Fatal(err)
 	}
 	return pool, team, sim, sc
+}
+
+// After a failover that took rows back from charged to pending (or left a
+// settled debit processing), `consumer import --from-stripe` repairs them
+// instead of reporting a conflict: charged with Stripe's charge, under a
+// new epoch that fences the holder from before. A key whose only charge is
+// fully refunded stays a conflict.
+func TestImportRepairsPendingAndProcessingRowsStripeCharged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _, sim, sc := teamWorld(t)
+	schema := testenv.SchemaOf(pool)
+	l := ledger.New(pool, schema, nil)
+	const ns = "x"
+	evs := []event.Event{ev(1), ev(2), ev(3)}
+	claims := make([]ledger.Claim, len(evs))
+	for i, e := range evs {
+		c, err := l.Reserve(ctx, ledger.ReserveRequest{Event: e, IdempotencyKey: e.Key(ns), Owner: "A", Lease: time.Hour, MessageID: "1-0"})
+		if err != nil || c.Decision != ledger.Acquired {
+			t.Fatalf("%+v %v", c, err)
+		}
+		claims[i] = c
+	}
+	md := func(e event.Event) map[string]string {
+		return stripeapi.PelguardMetadata(e.CustomerID, e.BillingPeriod, e.Key(ns))
+	}
+	// c1: charged, the record lost (pending with A's lease).
+	ch1 := sim.SeedCharge(stripesim.ChargeSeed{Customer: evs[0].StripeCustomerID, Amount: evs[0].AmountCents, Metadata: md(evs[0])})
+	// c2: a debit recorded processing, settled at Stripe, the settlement lost.
+	ch2 := sim.SeedCharge(stripesim.ChargeSeed{Customer: evs[1].StripeCustomerID, Amount: evs[1].AmountCents, Metadata: md(evs[1]), Status: "pending"})
+	if _, err := l.Finish(ctx, claims[1].Record, ledger.Outcome{Status: ledger.StatusProcessing, ChargeID: ch2.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Settle(ch2.ID, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	// c3: its only charge refunded in full.
+	ch3 := sim.SeedCharge(stripesim.ChargeSeed{Customer: evs[2].StripeCustomerID, Amount: evs[2].AmountCents, Metadata: md(evs[2])})
+	if _, err := sim.RefundByHand(ch3.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	charges := sim.ChargeCreates()
+	cfg := importer.Config{DB: pool, Schema: schema, Stripe: sc, Namespace: ns, FromStripe: true, Period: "2026-11", Now: sim.Now}
+	sum, err := importer.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Repaired != 2 || sum.ImportedCharged != 0 || len(sum.Conflicts) != 1 || sum.Conflicts[0].CustomerID != "c_3" {
+		t.Fatalf("summary %+v: want c_1 and c_2 repaired, c_3 a conflict", sum)
+	}
+	for i, ch := range []stripesim.Charge{ch1, ch2} {
+		r, err := l.Get(ctx, ledger.EventKey(evs[i]))
+		if err != nil || r.Status != ledger.StatusCharged || r.ChargeID != ch.ID || r.LeaseOwner != "" || r.Epoch <= claims[i].Record.Epoch {
+			t.Fatalf("%s: %+v %v", evs[i].CustomerID, r, err)
+		}
+	}
+	if _, err := l.Finish(ctx, claims[0].Record, ledger.Outcome{Status: ledger.StatusCharged, ChargeID: ch1.ID}); !errors.Is(err, ledger.ErrLeaseLost) {
+		t.Fatalf("c_1's holder from before the import finished: %v", err)
+	}
+	if r, _ := l.Get(ctx, ledger.EventKey(evs[2])); r.Status != ledger.StatusPending || r.Epoch != claims[2].Record.Epoch {
+		t.Fatalf("c_3 (only a refunded charge) was changed: %+v", r)
+	}
+	if sim.ChargeCreates() != charges {
+		t.Fatal("the import charged")
+	}
+	// A rerun repairs nothing more.
+	sum, err = importer.Run(ctx, cfg)
+	if err != nil || sum.Repaired != 0 || sum.AlreadyInLedger != 2 || len(sum.Conflicts) != 1 {
+		t.Fatalf("rerun %+v %v", sum, err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pelguard/pelguard/event"
@@ -57,6 +58,7 @@ func (r *run) decide() ([]ledger.Record, []Duplicate) {
 		if !ok {
 			continue
 		}
+		e.canon = canonical
 		first := canonical.Created
 		if e.team != nil && e.team.CreatedAt != nil && e.team.CreatedAt.Before(first) {
 			first = *e.team.CreatedAt
@@ -159,6 +161,10 @@ func (r *run) write(ctx context.Context, recs []ledger.Record, dups []Duplicate)
 				r.sum.ImportedDeclined++
 			case x.Existing.Key == rec.Key && x.Existing.Status == rec.Status && x.Existing.ChargeID == rec.ChargeID:
 				r.sum.AlreadyInLedger++
+			case x.Existing.Key == rec.Key && rec.Status == ledger.StatusCharged && x.Existing.Status != ledger.StatusCharged:
+				if err := r.repair(ctx, l, rec, x.Existing); err != nil {
+					return err
+				}
 			default:
 				r.sum.Conflicts = append(r.sum.Conflicts, Problem{CustomerID: rec.CustomerID, BillingPeriod: rec.BillingPeriod, ChargeID: rec.ChargeID,
 					Reason: fmt.Sprintf("the ledger already has %s/%s %s (charge %q); left as it is", x.Existing.CustomerID, x.Existing.BillingPeriod, x.Existing.Status, x.Existing.ChargeID)})
@@ -182,6 +188,46 @@ func (r *run) write(ctx context.Context, recs []ledger.Record, dups []Duplicate)
 	_, err := r.db.Exec(ctx, `UPDATE {schema}.import_runs SET finished_at = now(), imported = $2, skipped = $3, conflicts = $4, summary = $5
 		WHERE id = $1`, runID, r.sum.ImportedCharged+r.sum.ImportedDeclined, len(r.sum.Skipped), len(r.sum.Conflicts)+len(dups), sum)
 	return err
+}
+
+// repair brings in line a row the ledger has as pending or processing (a
+// failover took it back from charged, or its charge was never recorded)
+// whose key has a charge at Stripe that still holds money: the ledger's
+// repair (ledger.Rebuild), fenced like any ledger write. What it cannot
+// repair stays a conflict, with the reason.
+func (r *run) repair(ctx context.Context, l *ledger.Ledger, rec ledger.Record, existing ledger.Record) error {
+	conflict := func(why string) {
+		r.sum.Conflicts = append(r.sum.Conflicts, Problem{CustomerID: rec.CustomerID, BillingPeriod: rec.BillingPeriod, ChargeID: rec.ChargeID,
+			Reason: fmt.Sprintf("the ledger already has %s %s (charge %q): %s", existing.Key, existing.Status, existing.ChargeID, why)})
+	}
+	ch := r.keys[rec.Key].canon
+	if ch.AmountCents-ch.AmountRefundedCents <= 0 {
+		conflict("Stripe's charges of the key are fully refunded; left as it is")
+		return nil
+	}
+	attempt := 0 // unknown without pelguard's metadata: the row's stays
+	if stripeapi.IsPelguard(ch.Metadata) {
+		attempt = 1
+		if n, err := strconv.Atoi(ch.Metadata[stripeapi.MetaAttempt]); err == nil && n > 1 {
+			attempt = n
+		}
+	}
+	res, err := l.Rebuild(ctx, ledger.RebuiltCharge{Key: rec.Key, StripeCustomerID: ch.StripeCustomerID, AmountCents: ch.AmountCents,
+		Currency: rec.Currency, IdempotencyKey: rec.IdempotencyKey, Attempt: attempt, ChargeID: ch.ID,
+		PaymentIntentID: ch.PaymentIntentID, Created: ch.Created})
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case ledger.RebuildRepaired, ledger.RebuildInserted:
+		r.sum.Repaired++
+		r.progress("repaired %s: %s → %s with charge %s", rec.Key, existing.Status, res.Record.Status, ch.ID)
+	case ledger.RebuildUnchanged:
+		r.sum.AlreadyInLedger++
+	default:
+		conflict(res.Detail)
+	}
+	return nil
 }
 
 func (r *run) sources() string {
