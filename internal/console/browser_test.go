@@ -138,12 +138,18 @@ func TestBrowserPhoneWidth(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	_, _, fid := b.duplicate(t, "c1", 2500)
+	// An open rollback: every page carries the banner, the Ledger page a
+	// rollback with long evidence and a witness with a long name.
+	b.witness(t, "consumer-billing-7f9c6d5b4-x2k8q-host-ip-10-0-3-17-pid-4242-2f8a9c", 120, now.Add(-10*time.Second))
+	b.rollback(t, rollbackRow{DetectedAt: now.Add(-2 * time.Minute), DetectedBy: "consumer-billing-7f9c6d5b4-x2k8q-host-ip-10-0-3-17-pid-4242-2f8a9c",
+		Evidence:  strings.Repeat("consumer-billing-7f9c6d5b4-x2k8q-host-ip-10-0-3-17-pid-4242-2f8a9c: ledger at 5, witnessed 9 (4 commits lost); ", 3),
+		LostSince: now.Add(-9 * time.Minute), EpochFloor: 1 << 32, RowsFenced: 6, LastError: strings.Repeat("x", 300)})
 	ctx := browser(t, 390, 844)
 	if err := chromedp.Do(ctx, b.browserLogin("alice")...); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"/", "/findings?state=open", fmt.Sprintf("/findings/%d", fid),
-		fmt.Sprintf("/findings/%d/confirm?action=refund", fid), "/customer?customer=c1", "/dead", "/actions"} {
+		fmt.Sprintf("/findings/%d/confirm?action=refund", fid), "/customer?customer=c1", "/dead", "/actions", "/ledger"} {
 		if err := chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+path), chromedp.WaitVisible(chromedp.CSS("h1"))); err != nil {
 			t.Fatal(err)
 		}

@@ -207,6 +207,7 @@ func (s *Server) routes() {
 	m.Handle("POST /dead/replay", s.action(s.doReplay))
 	m.Handle("GET /customer", s.authed(s.customer))
 	m.Handle("GET /actions", s.authed(s.actions))
+	m.Handle("GET /ledger", s.authed(s.ledgerPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))
 	s.mux = m
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -28,6 +28,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"q":     url.QueryEscape,
 		"id64":  func(n int64) string { return strconv.FormatInt(n, 10) },
+		"span":  span,
 	}
 	out := map[string]*template.Template{}
 	for _, p := range pageNames {
@@ -65,6 +66,9 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, page
 	data["Actions"] = s.cfg.AllowActions
 	data["Proxy"] = s.cfg.ProxyUserHeader != ""
 	data["Page"] = page
+	if data["Me"].(identity).User != "" {
+		data["Rollback"] = s.banner(r.Context())
+	}
 	var b strings.Builder
 	if err := s.pages[page].ExecuteTemplate(&b, "layout.html", data); err != nil {
 		s.log.Error("rendering a console page", "page", page, "error", err)
@@ -101,6 +105,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		period = ps[0]
 	}
 	data := map[string]any{"Periods": ps, "Period": period}
+	if data["LastRollback"], data["RollbackMissing"], err = s.lastRollback(ctx); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	if data["Outcomes"], err = outcomes(ctx, s.db, period); err != nil {
 		s.fail(w, r, err)
 		return

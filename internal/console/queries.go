@@ -349,3 +349,114 @@ func parkedRows(ctx context.Context, db pg.DB, n int) ([]parkedRow, error) {
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[parkedRow])
 }
+
+// rollbackRow is one ledger_rollbacks row (migration 00012): a ledger that
+// went back in time, and its repair from Stripe.
+type rollbackRow struct {
+	ID                   int64
+	DetectedAt           time.Time
+	DetectedBy, Evidence string
+	LostSince            time.Time
+	EpochFloor           int64
+	RowsFenced           int64
+	RepairStarted        *time.Time
+	Repaired             *time.Time
+	RepairedBy           string
+	RowsRebuilt          int
+	RowsRepaired         int
+	RefundsRebuilt       int
+	Findings             int
+	Report, LastError    string
+}
+
+const rollbackCols = `id, detected_at, detected_by, evidence, lost_since, epoch_floor, rows_fenced, repair_started_at,
+	repaired_at, coalesce(repaired_by, ''), rows_rebuilt, rows_repaired, refunds_rebuilt, findings,
+	coalesce(report, ''), coalesce(last_error, '')`
+
+// qRollbacks pages the rollbacks newest first by the primary key; $1 is the
+// keyset (ids below it; 0 for the first page).
+const qRollbacks = `SELECT ` + rollbackCols + ` FROM {schema}.ledger_rollbacks WHERE ($1 = 0 OR id < $1)
+	ORDER BY id DESC LIMIT $2`
+
+func listRollbacks(ctx context.Context, db pg.DB, before int64, n int) ([]rollbackRow, error) {
+	rows, err := db.Query(ctx, qRollbacks, before, n)
+	if err != nil {
+		return nil, fmt.Errorf("listing ledger rollbacks: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[rollbackRow])
+	if err != nil {
+		return nil, fmt.Errorf("listing ledger rollbacks: %w", err)
+	}
+	return out, nil
+}
+
+// openRollback is what the banner of every page says about the oldest
+// rollback not yet repaired.
+type openRollback struct {
+	ID            int64
+	DetectedAt    time.Time
+	DetectedBy    string
+	RepairStarted *time.Time
+	RepairedBy    string
+	Failed        bool // the last repair attempt failed (it is retried)
+	More          bool // another rollback is open too
+}
+
+// qOpenRollback runs on every page: it reads ledger_rollbacks_open_idx (the
+// open rollbacks alone), whatever the table's history.
+const qOpenRollback = `SELECT id, detected_at, detected_by, repair_started_at, coalesce(repaired_by, ''),
+		last_error IS NOT NULL, count(*) OVER () > 1
+	FROM {schema}.ledger_rollbacks WHERE repaired_at IS NULL ORDER BY id LIMIT 1`
+
+// getOpenRollback is nil when the ledger is not under repair.
+func getOpenRollback(ctx context.Context, db pg.DB) (*openRollback, error) {
+	var o openRollback
+	err := db.QueryRow(ctx, qOpenRollback).Scan(&o.ID, &o.DetectedAt, &o.DetectedBy, &o.RepairStarted, &o.RepairedBy, &o.Failed, &o.More)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the open ledger rollback: %w", err)
+	}
+	return &o, nil
+}
+
+// witnessRow is one ledger_witness row: a process that writes the ledger.
+type witnessRow struct {
+	Writer     string
+	Seq        int64
+	LastCommit time.Time
+}
+
+// qWitnesses reads the newest witness rows (one per writer process, pruned
+// after a week idle: a small table).
+const qWitnesses = `SELECT writer, seq, updated_at FROM {schema}.ledger_witness ORDER BY updated_at DESC, writer LIMIT $1`
+
+func listWitnesses(ctx context.Context, db pg.DB, n int) ([]witnessRow, error) {
+	rows, err := db.Query(ctx, qWitnesses, n)
+	if err != nil {
+		return nil, fmt.Errorf("reading the ledger witnesses: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[witnessRow])
+}
+
+// fenceRow is ledger_fence's one row.
+type fenceRow struct {
+	LedgerID   string
+	EpochFloor int64
+	Updated    time.Time
+}
+
+const qFence = `SELECT ledger_id, epoch_floor, updated_at FROM {schema}.ledger_fence`
+
+func getFence(ctx context.Context, db pg.DB) (*fenceRow, error) {
+	var f fenceRow
+	err := db.QueryRow(ctx, qFence).Scan(&f.LedgerID, &f.EpochFloor, &f.Updated)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the ledger fence: %w", err)
+	}
+	return &f, nil
+}

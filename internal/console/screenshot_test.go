@@ -81,3 +81,60 @@ func TestScreenshot(t *testing.T) {
 	}
 	t.Logf("wrote %s (%d bytes)", out, len(png))
 }
+
+// TestScreenshotLedger writes docs/operations/console.md's screenshot of
+// the Ledger page (a rollback under repair, an older one repaired) when
+// PELGUARD_CONSOLE_LEDGER_SCREENSHOT names the PNG to write:
+//
+//	PELGUARD_CONSOLE_LEDGER_SCREENSHOT=$PWD/docs/console-ledger.png go test -run TestScreenshotLedger ./internal/console
+func TestScreenshotLedger(t *testing.T) {
+	out := os.Getenv("PELGUARD_CONSOLE_LEDGER_SCREENSHOT")
+	if out == "" {
+		t.Skip("set PELGUARD_CONSOLE_LEDGER_SCREENSHOT=FILE.png to write the Ledger page's screenshot")
+	}
+	b := setup(t, nil)
+	for i, w := range []struct {
+		name string
+		seq  int64
+		idle time.Duration
+	}{
+		{"consumer@billing-7f9c6-x2k8q", 48213, 2 * time.Second},
+		{"consumer@billing-7f9c6-m4tz1", 47990, 3 * time.Second},
+		{"reaper@billing-reaper-0", 1204, 40 * time.Second},
+		{"webhooks@billing-webhooks-1", 3310, 5 * time.Second},
+		{"auditor@billing-auditor-0", 96, 20 * time.Minute},
+		{"console@ops-1", 4, 26 * time.Hour},
+	} {
+		b.witness(t, w.name, w.seq+int64(i), now.Add(-w.idle))
+	}
+	old := now.Add(-9 * 24 * time.Hour)
+	b.rollback(t, rollbackRow{DetectedAt: old, DetectedBy: "reaper@billing-reaper-0",
+		Evidence:  "consumer@billing-7f9c6-x2k8q: ledger at 30117, witnessed 30152 (35 commits lost); reaper@billing-reaper-0: ledger at 811, witnessed 813 (2 commits lost)",
+		LostSince: old.Add(-6 * time.Minute), EpochFloor: 1 << 32, RowsFenced: 17, RepairStarted: ptr(old.Add(3 * time.Second)),
+		Repaired: ptr(old.Add(41 * time.Second)), RepairedBy: "auditor@billing-auditor-0", RowsRebuilt: 35, RowsRepaired: 9, RefundsRebuilt: 1, Findings: 1,
+		Report: "35 charged rows rebuilt from Stripe; 9 rows taken back to pending recorded as charged; 1 refund rebuilt into refund_ledger\n1 finding: c_812/2026-11 has only a fully refunded charge at Stripe"})
+	detected := now.Add(-50 * time.Second)
+	b.rollback(t, rollbackRow{DetectedAt: detected, DetectedBy: "consumer@billing-7f9c6-m4tz1",
+		Evidence:  "consumer@billing-7f9c6-m4tz1: ledger at 47921, witnessed 47990 (69 commits lost); webhooks@billing-webhooks-1: ledger at 3302, witnessed 3310 (8 commits lost)",
+		LostSince: detected.Add(-7 * time.Minute), EpochFloor: 2 << 32, RowsFenced: 23, RepairStarted: ptr(now.Add(-12 * time.Second)),
+		RepairedBy: "auditor@billing-auditor-0"})
+
+	if _, err := b.pool.Exec(context.Background(), `UPDATE {schema}.ledger_fence SET epoch_floor = $1`, int64(2<<32)); err != nil {
+		t.Fatal(err)
+	}
+	bctx := browser(t, 1280, 900)
+	if err := chromedp.Do(bctx, b.browserLogin("alice")...); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(bctx, chromedp.Navigate(b.srv.URL+"/ledger"), chromedp.WaitVisible(`//h1[text()="Ledger"]`)); err != nil {
+		t.Fatal(err)
+	}
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s (%d bytes)", out, len(png))
+}
