@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/repair"
 )
 
 // RefundKeyPrefix prefixes the idempotency key of every refund: one key per
@@ -161,6 +162,11 @@ func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundR
 		}
 	}
 
+	if len(todo) > 0 && !opts.DryRun {
+		if err := a.catchUpRefundLedger(ctx); err != nil {
+			return rep, err
+		}
+	}
 	for _, f := range todo {
 		if err := ctx.Err(); err != nil {
 			return rep, err
@@ -221,4 +227,22 @@ func (a *Auditor) alertSkipped(rep RefundReport) {
 			AmountCents: s.AmountCents, Currency: s.Currency, Code: string(s.SkipCode), Reason: s.Skipped})
 	}
 	a.cfg.Notifier.Notify(alerts.RefundSkipped(in))
+}
+
+// catchUpRefundLedger records again pelguard's refunds of the last 24 h
+// that refund_ledger lacks (a failover to an asynchronous replica or a
+// restore erased them), from Stripe's list of refunds, before the rolling
+// cap is summed: the cap counts what Stripe refunded, whatever the ledger
+// lost. One list call (a page per 100 refunds) per refund run.
+func (a *Auditor) catchUpRefundLedger(ctx context.Context) error {
+	now := a.cfg.Clock.Now()
+	n, err := repair.RebuildRefunds(ctx, a.ledger, a.stripe, now.Add(-24*time.Hour), now.Add(time.Hour))
+	if err != nil {
+		return fmt.Errorf("reading the last 24 h of refunds at Stripe for the rolling cap: %w", err)
+	}
+	if n > 0 {
+		a.log.Warn("refund_ledger lacked pelguard refunds Stripe made in the last 24 h (the ledger lost commits): recorded them again",
+			slog.Int("refunds", n))
+	}
+	return nil
 }

@@ -348,3 +348,46 @@ func TestRefundRacingALedgerRecordingNeverRefundsTheCanonical(t *testing.T) {
 		}
 	})
 }
+
+// Issue 26: a failover to an asynchronous replica (or a restore) erased
+// refund_ledger rows of refunds Stripe made: the rolling cap must count
+// them anyway. The next refund run reads the last day of pelguard's
+// refunds at Stripe first, records the missing ones again, and stops at
+// the cap.
+func TestRollingRefundCapCountsRefundsTheLedgerLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, c := range []string{"a", "b", "c"} {
+		b.pair(t, c, 2500)
+	}
+	ctx := context.Background()
+	capped := func(c *Config) { c.MaxRefunds24h = 2 }
+	a := b.auditor(t, capped)
+	if _, err := a.Run(ctx, Window{From: w0, To: w1}); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := a.Refund(ctx, RefundOptions{MaxRefunds: 2, MaxCents: 1_000_000})
+	if err != nil || len(rr.Refunded) != 2 {
+		t.Fatalf("first run: %+v %v", rr, err)
+	}
+	// The rollback: the two refunds are gone from the ledger, not from Stripe.
+	if _, err := b.pool.Exec(ctx, `DELETE FROM refund_ledger`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE audit_findings SET state = 'open', refund_id = NULL, refunded_cents = NULL, refunded_at = NULL WHERE state = 'refunded'`); err != nil {
+		t.Fatal(err)
+	}
+	rr, err = b.auditor(t, capped).Refund(ctx, RefundOptions{MaxRefunds: 100, MaxCents: 1_000_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.refunds(t)); n != 2 || len(rr.Refunded) != 0 || b.refundLedger(t) != 2 {
+		t.Fatalf("after the ledger lost its refunds: %d refunds at Stripe (want still 2), refunded %d this run, %d in refund_ledger (want 2 rebuilt)",
+			n, len(rr.Refunded), b.refundLedger(t))
+	}
+	for _, s := range rr.Skipped {
+		if s.SkipCode != SkipMaxRefunds24h && s.SkipCode != SkipDuplicateChanged {
+			t.Fatalf("skipped %+v: want the rolling cap (or the refund already made)", s)
+		}
+	}
+}

@@ -214,18 +214,7 @@ func (r *run) until() time.Time {
 // refunds rebuilds refund_ledger from pelguard's refunds since Since.
 func (r *run) refunds(ctx context.Context) error {
 	r.progress("reading refunds since %s", r.since)
-	var mine []ledger.RebuiltRefund
-	listed := 0
-	err := r.cfg.Stripe.ListRefunds(ctx, r.cfg.Since, r.until(), func(re stripeapi.Refund) error {
-		listed++
-		if !stripeapi.IsPelguardRefund(re.Metadata) || re.ChargeID == "" {
-			return nil
-		}
-		mine = append(mine, ledger.RebuiltRefund{RefundID: re.ID, ChargeID: re.ChargeID, AmountCents: re.AmountCents,
-			Currency: strings.ToLower(re.Currency), Created: re.Created,
-			CustomerID: re.Metadata[stripeapi.MetaCustomerID], BillingPeriod: re.Metadata[stripeapi.MetaBillingPeriod]})
-		return nil
-	})
+	n, listed, mine, err := rebuildRefunds(ctx, r.l, r.cfg.Stripe, r.cfg.Since, r.until())
 	if errors.Is(err, stripeapi.ErrPermission) {
 		r.rep.RefundsUnread = true
 		r.rep.Notes = append(r.rep.Notes, "refunds not read: the Stripe key has no Refunds read permission; refund_ledger was not rebuilt "+
@@ -236,13 +225,38 @@ func (r *run) refunds(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n, err := r.l.RebuildRefunds(ctx, mine)
-	if err != nil {
-		return err
-	}
 	r.rep.RefundsRebuilt = n
-	r.progress("listed %d refunds, %d of them pelguard's; %d were missing from refund_ledger", listed, len(mine), n)
+	r.progress("listed %d refunds, %d of them pelguard's; %d were missing from refund_ledger", listed, mine, n)
 	return nil
+}
+
+// RebuildRefunds records again in refund_ledger pelguard's refunds created
+// in [from, to) that it lacks, and returns how many: the rolling refund cap
+// then counts every refund Stripe made for pelguard, whatever the ledger
+// lost. The auditor runs it over the last 24 h before each refund run. It
+// needs the key's Refunds read permission (stripeapi.ErrPermission).
+func RebuildRefunds(ctx context.Context, l *ledger.Ledger, sc *stripeapi.Client, from, to time.Time) (int, error) {
+	n, _, _, err := rebuildRefunds(ctx, l, sc, from, to)
+	return n, err
+}
+
+func rebuildRefunds(ctx context.Context, l *ledger.Ledger, sc *stripeapi.Client, from, to time.Time) (rebuilt, listed, mine int, err error) {
+	var found []ledger.RebuiltRefund
+	err = sc.ListRefunds(ctx, from, to, func(re stripeapi.Refund) error {
+		listed++
+		if !stripeapi.IsPelguardRefund(re.Metadata) || re.ChargeID == "" {
+			return nil
+		}
+		found = append(found, ledger.RebuiltRefund{RefundID: re.ID, ChargeID: re.ChargeID, AmountCents: re.AmountCents,
+			Currency: strings.ToLower(re.Currency), Created: re.Created,
+			CustomerID: re.Metadata[stripeapi.MetaCustomerID], BillingPeriod: re.Metadata[stripeapi.MetaBillingPeriod]})
+		return nil
+	})
+	if err != nil {
+		return 0, listed, len(found), err
+	}
+	rebuilt, err = l.RebuildRefunds(ctx, found)
+	return rebuilt, listed, len(found), err
 }
 
 // listCharges files every charge since Since: pelguard's by key, the

@@ -149,6 +149,10 @@ func New(cfg Config) (*Monitor, error) {
 // Stripe client is built after the pool. Call it before Start.
 func (m *Monitor) SetRepair(fn RepairFunc) { m.cfg.Repair = fn }
 
+// SetNotifier gives the monitor its alerts (Config.Notifier), for roles
+// whose notifier is made after the pool. Call it before Start.
+func (m *Monitor) SetNotifier(n alerts.Notifier) { m.cfg.Notifier = n }
+
 // Writer is this process's witness row (ledger.Witness).
 func (m *Monitor) Writer() string { return m.cfg.Writer }
 

@@ -154,6 +154,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 			return nil, err
 		}
 		cfg.Notifier = n
+		mon.SetNotifier(n)
 		b.close = func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -12,6 +12,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/stripeapi"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -221,6 +222,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Rollback = rdb, pool, sc, notifier, logger, mon
+	if c, ok := sc.(*stripeapi.Client); ok { // a dry run has no Stripe client: it detects and fences, never repairs
+		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
+	}
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
 	var printer *decisionPrinter
 	if o.DryRun {
