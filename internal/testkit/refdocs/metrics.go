@@ -67,8 +67,11 @@ func notifier(reg prometheus.Registerer) error {
 }
 
 // durability is the ledger's replication mode every role exports at
-// start (the auditor with --schedule).
+// start (the auditor with --schedule), and its rollback monitor's series.
 func durability(reg prometheus.Registerer) error {
+	if _, err := cli.NewRollback("doc", "", "", nil, nil, nil, reg); err != nil {
+		return err
+	}
 	return reg.Register(cli.DurabilityGauge(cli.Durability{}))
 }
 
