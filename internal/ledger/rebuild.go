@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The ledger's repair from Stripe (DESIGN.md invariant 11, issue 26): a
+// The ledger's repair from Stripe (DESIGN.md "The ledger's own losses"): a
 // ledger that lost commits (a failover to an asynchronous replica, a
 // restore) has lost rows, or has rows taken back to pending or processing,
 // whose charge Stripe has. Rebuild records such a charge under the same

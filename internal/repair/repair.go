@@ -1,6 +1,6 @@
 // Package repair rebuilds pelguard's ledger from Stripe after the ledger
 // lost commits: a Postgres failover to an asynchronous replica, or a
-// restore from a backup (DESIGN.md invariant 11, issue 26). It reads
+// restore from a backup (DESIGN.md "The ledger's own losses"). It reads
 // Stripe's charges and refunds created since the loss, and never charges
 // or refunds: every write is the ledger's (ledger.Rebuild and its
 // siblings), under the same locks and fences as any ledger write, and
