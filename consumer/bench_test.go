@@ -41,9 +41,7 @@ func BenchmarkConsumer(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		mctx, stopMon := context.WithCancel(context.Background())
-		defer stopMon()
-		if err := mon.Start(mctx, w.pool); err != nil {
+		if err := mon.Start(context.Background(), w.pool); err != nil {
 			b.Fatal(err)
 		}
 		cfg.Rollback = mon
@@ -60,6 +58,7 @@ func BenchmarkConsumer(b *testing.B) {
 		elapsed := time.Since(start)
 		b.StopTimer()
 		_ = c.Stop(context.Background())
+		mon.Close()
 		b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
 	})
 	b.Run("naive", func(b *testing.B) {

@@ -226,7 +226,7 @@ func (r *run) refunds(ctx context.Context) error {
 		return err
 	}
 	r.rep.RefundsRebuilt = n
-	r.progress("listed %d refunds, %d of them pelguard's; %d were missing from refund_ledger", listed, mine, n)
+	r.progress("listed %d refunds, %d of them pelguard's; %d were not in refund_ledger", listed, mine, n)
 	return nil
 }
 

@@ -161,6 +161,7 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = stop(sctx)
+			mon.Close()
 			pool.Close()
 		})
 		return drillProc{mon: mon, pool: pool}

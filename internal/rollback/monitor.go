@@ -116,6 +116,9 @@ type Monitor struct {
 	repairGap time.Duration
 	pruneAt   time.Time
 
+	stop func()        // ends run (Close)
+	done chan struct{} // closed when run has returned
+
 	metrics *metrics
 }
 
@@ -228,14 +231,30 @@ func (m *Monitor) AfterConnect(ctx context.Context, c *pgx.Conn) error {
 	return err
 }
 
-// Start runs the monitor on pool until ctx ends: a check now (returned),
-// then one every Config.Every, and the repair of open rollbacks when
-// Config.Repair is set.
+// Start runs the monitor on pool until ctx ends or Close: a check now
+// (returned), then one every Config.Every, and the repair of open
+// rollbacks when Config.Repair is set. Call it once.
 func (m *Monitor) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	m.db = pg.NewDB(pool, m.cfg.Schema)
 	err := m.check(ctx, pool)
-	go m.run(ctx)
+	ctx, m.stop = context.WithCancel(ctx)
+	m.done = make(chan struct{})
+	go func() {
+		defer close(m.done)
+		m.run(ctx)
+	}()
 	return err
+}
+
+// Close stops the checks Start began and waits for them (a repair in
+// progress is cancelled); the witness keeps serving Committed and Mirror.
+// Call it before closing the pool.
+func (m *Monitor) Close() {
+	if m == nil || m.stop == nil {
+		return
+	}
+	m.stop()
+	<-m.done
 }
 
 func (m *Monitor) run(ctx context.Context) {

@@ -46,6 +46,7 @@ func (w world) monitor(t *testing.T, writer string, repair rollback.RepairFunc) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(m.Close) // before the pool closes: cleanups run last first
 	return m
 }
 

@@ -143,7 +143,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 		closeRedis()
 		return nil, err
 	}
-	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, mon: mon, close: func() { pool.Close(); closeRedis() }}
+	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, mon: mon, close: func() { mon.Close(); pool.Close(); closeRedis() }}
 	cfg := o.Config
 	cfg.DB, cfg.Schema, cfg.Logger, cfg.Rollback = pool, o.Schema, logger, mon
 	cfg.Stripe = o.Stripe.Config(lim)
@@ -158,6 +158,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 		b.close = func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			mon.Close()
 			_ = n.Close(cctx)
 			pool.Close()
 			closeRedis()

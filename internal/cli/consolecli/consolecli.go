@@ -257,6 +257,7 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 		return err
 	}
 	defer pool.Close()
+	defer mon.Close() // before the pool closes
 	cfg.DB, cfg.Redis = pool, rdb
 	cfg.Notifier = n
 	if o.Stripe.APIKey != "" {

@@ -176,6 +176,7 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
+	defer mon.Close() // before the pool closes
 	base := o.config()
 	base.Redis, base.DB, base.Stripe, base.Rollback = rdb, pool, sc, mon
 	mon.SetRepair(cli.LedgerRepair(pool, o.Schema, sc, o.Namespace, base.Description, !o.ChargeMetadata, mon.Writer(), logger))

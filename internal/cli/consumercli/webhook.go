@@ -129,6 +129,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, name, err)
 	}
 	defer pool.Close()
+	defer mon.Close() // before the pool closes
 	h, err := consumer.WebhookHandler(consumer.WebhookConfig{DB: pool, Schema: o.Schema, Secret: o.secret, Tolerance: o.Tolerance,
 		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg), Rollback: mon})
 	if err != nil {

@@ -219,6 +219,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer pool.Close()
+	defer mon.Close() // before the pool closes
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Rollback = rdb, pool, sc, notifier, logger, mon
