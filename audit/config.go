@@ -11,6 +11,7 @@ package audit
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +25,6 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -164,10 +164,10 @@ type Config struct {
 	MaxCents24h   int64
 
 	// Test holds hooks for tests only; production leaves it zero.
-	// Rollback is the process's ledger witness (internal/rollback): a
-	// recorded refund bumps it, and while the ledger is being repaired after
-	// a rollback no refund is made.
-	Rollback *rollback.Monitor
+	// Witness is the process's ledger witness (pelguard's binaries give
+	// their internal/rollback monitor): a recorded refund bumps it, and
+	// while the ledger is being repaired after a rollback no refund is made.
+	Witness LedgerWitness
 
 	Test TestConfig
 
@@ -296,3 +296,12 @@ var (
 	// ErrState: the finding is not in a state that allows the change.
 	ErrState = errors.New("finding state does not allow this")
 )
+
+// LedgerWitness is the ledger's witness as the auditor uses it (the same
+// methods as consumer.LedgerWitness; DESIGN.md "The ledger's own losses").
+type LedgerWitness interface {
+	Writer() string
+	Committed(seq int64)
+	Mirror(ctx context.Context) error
+	Suspect() bool
+}

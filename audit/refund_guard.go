@@ -76,7 +76,7 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 		return "", skipf(SkipMaxRefunds, "the run reached --max-refunds %d", run.maxN), nil
 	case run.cents+f.AmountCents > run.maxCents:
 		return "", skipf(SkipMaxCents, "%d more would pass the run's --max-cents %d (%d used)", f.AmountCents, run.maxCents, run.cents), nil
-	case a.cfg.Rollback.Suspect():
+	case a.cfg.Witness != nil && a.cfg.Witness.Suspect():
 		// The ledger may lack rows and refunds the failover erased: its
 		// canonical charges and the rolling cap are not to be trusted
 		// until the repair from Stripe has rebuilt them.
@@ -160,8 +160,8 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 		return "", nil, fmt.Errorf("recording refund %s of %s (finding %d): %w", re.ID, f.ChargeID, f.ID, err)
 	}
 	if seq > 0 {
-		a.cfg.Rollback.Committed(seq)
-		if err := a.cfg.Rollback.Mirror(mctx); err != nil {
+		a.cfg.Witness.Committed(seq)
+		if err := a.cfg.Witness.Mirror(mctx); err != nil {
 			a.log.Warn("the refund is recorded but its witness is not mirrored to Redis", "refund", re.ID, "err", err)
 		}
 	}
@@ -326,8 +326,8 @@ func (a *Auditor) recordSkip(ctx context.Context, id int64, sk skip) {
 // witness is the process's ledger witness, or nil (a nil *Monitor in the
 // interface would not be nil).
 func (a *Auditor) witness() ledger.Witness {
-	if a.cfg.Rollback == nil {
+	if a.cfg.Witness == nil {
 		return nil
 	}
-	return a.cfg.Rollback
+	return a.cfg.Witness
 }

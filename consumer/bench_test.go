@@ -44,7 +44,7 @@ func BenchmarkConsumer(b *testing.B) {
 		if err := mon.Start(context.Background(), w.pool); err != nil {
 			b.Fatal(err)
 		}
-		cfg.Rollback = mon
+		cfg.Witness = mon
 		c, err := consumer.New(cfg)
 		if err != nil {
 			b.Fatal(err)

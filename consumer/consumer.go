@@ -31,7 +31,6 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
 )
@@ -114,11 +113,12 @@ type Config struct {
 	// global provider, a no-op unless the binary installed the SDK.
 	TracerProvider trace.TracerProvider
 
-	// Rollback is the process's ledger witness (internal/rollback): the
-	// ledger's outcome writes bump it, every XACK and dead letter waits for
-	// its mirror, and while it reports a rollback unrepaired every charge
-	// asks Stripe first. nil: the ledger is trusted as it is.
-	Rollback *rollback.Monitor
+	// Witness is the process's ledger witness (pelguard's binaries give
+	// their internal/rollback monitor): the ledger's outcome writes bump
+	// it, every XACK and dead letter waits for its mirror, and while it
+	// reports a rollback unrepaired every charge asks Stripe first. nil:
+	// the ledger is trusted as it is.
+	Witness LedgerWitness
 
 	// Test holds hooks for tests and the drill; production leaves it zero.
 	Test TestConfig
@@ -168,9 +168,12 @@ func (c *Config) setDefaults() {
 	c.Clock = clock.Or(c.Clock)
 	if c.ledger == nil && c.DB != nil {
 		c.ledger = ledger.New(c.DB, c.Schema, c.Clock)
-		if c.Rollback != nil {
-			c.ledger.SetWitness(c.Rollback)
+		if c.Witness != nil {
+			c.ledger.SetWitness(c.Witness)
 		}
+	}
+	if c.Witness == nil {
+		c.Witness = noWitness{}
 	}
 }
 
@@ -491,3 +494,31 @@ func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, hold
 	}
 	return pre
 }
+
+// LedgerWitness keeps a witness of the ledger's progress outside Postgres,
+// so that a ledger that went back in time (a failover to an asynchronous
+// replica, a restore) is noticed and repaired (DESIGN.md "The ledger's own
+// losses"). pelguard's binaries use internal/rollback's Monitor.
+type LedgerWitness interface {
+	// Writer names this process's row in ledger_witness.
+	Writer() string
+	// Committed is told the row's value once its transaction committed.
+	Committed(seq int64)
+	// Mirror makes the last committed value durable outside Postgres; it
+	// is called before every XACK and dead letter.
+	Mirror(ctx context.Context) error
+	// Suspect reports a rollback not yet repaired: charge only after
+	// asking Stripe.
+	Suspect() bool
+	// LostSince is where the unrepaired losses begin (zero: none).
+	LostSince() time.Time
+}
+
+// noWitness is Config.Witness when none is given: the ledger is trusted.
+type noWitness struct{}
+
+func (noWitness) Writer() string               { return "" }
+func (noWitness) Committed(int64)              {}
+func (noWitness) Mirror(context.Context) error { return nil }
+func (noWitness) Suspect() bool                { return false }
+func (noWitness) LostSince() time.Time         { return time.Time{} }

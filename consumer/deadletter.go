@@ -84,7 +84,7 @@ func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMe
 	}
 	p.hb.acking(stream, msg.ID)
 	trace.SpanFromContext(ctx).SetAttributes(attrDeadLetterReason.String(reason))
-	if err := p.cfg.Rollback.Mirror(ctx); err != nil {
+	if err := p.cfg.Witness.Mirror(ctx); err != nil {
 		return OutcomeRetryLater, err // the ledger write before it is not witnessed yet
 	}
 	if err := DeadLetter(ctx, p.cfg.Redis, stream, p.cfg.Group, p.cfg.Name, msg, reason, detail, p.cfg.Clock.Now()); err != nil {

@@ -194,7 +194,7 @@ func (p *Processor) charge(ctx context.Context, h *hold, msg redis.XMessage, ev 
 	if res, done, err := p.closePreviousAttempt(ctx, h, rec, log); done {
 		return res, err
 	}
-	if imported || p.cfg.Rollback.Suspect() || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) ||
+	if imported || p.cfg.Witness.Suspect() || claimPastWindow(rec, now, p.cfg.SafeKeyWindow) ||
 		(rec.Attempt == 1 && eventPastWindow(ev, h.id, now, p.cfg.SafeKeyWindow)) {
 		start := time.Now()
 		ch, ok, err := p.findCharge(ctx, p.chargeQuery(ev, rec))
@@ -361,7 +361,7 @@ func (p *Processor) foundElsewhere(ctx context.Context, rec ledger.Record, ev ev
 // amount, currency and period or description (invariant 9).
 func (p *Processor) chargeQuery(ev event.Event, rec ledger.Record) stripeapi.ChargeQuery {
 	return stripeapi.ChargeQuery{
-		StripeCustomerID: rec.StripeCustomerID, Since: lookupSince(rec, p.cfg.Rollback.LostSince()), IdempotencyKey: rec.IdempotencyKey,
+		StripeCustomerID: rec.StripeCustomerID, Since: lookupSince(rec, p.cfg.Witness.LostSince()), IdempotencyKey: rec.IdempotencyKey,
 		CustomerID: rec.CustomerID, BillingPeriod: rec.BillingPeriod, AmountCents: rec.AmountCents, Currency: rec.Currency,
 		Description: p.cfg.Description(ev),
 	}
@@ -469,7 +469,7 @@ func (p *Processor) ack(ctx context.Context, stream, id string) error {
 	defer cancel()
 	ctx, span := p.tracer.Start(ctx, "redis.xack", trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
-	if err := p.cfg.Rollback.Mirror(ctx); err != nil {
+	if err := p.cfg.Witness.Mirror(ctx); err != nil {
 		// The commit this ack follows is not witnessed outside Postgres
 		// yet: no ack; the redelivery finds the row terminal.
 		span.SetStatus(codes.Error, "ledger witness not mirrored")

@@ -17,7 +17,6 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/ledger"
-	"github.com/pelguard/pelguard/internal/rollback"
 )
 
 // WebhookPath is where the webhook handler expects Stripe's POSTs.
@@ -47,9 +46,9 @@ type WebhookConfig struct {
 	Logger   *slog.Logger
 	Clock    clock.Clock
 	Metrics  *WebhookMetrics
-	// Rollback is the process's ledger witness (Config.Rollback): the
+	// Witness is the process's ledger witness (Config.Witness): the
 	// settlements it records bump it.
-	Rollback *rollback.Monitor
+	Witness LedgerWitness
 }
 
 // WebhookMetrics are the webhook handler's series; nil records nothing.
@@ -128,8 +127,8 @@ func WebhookHandler(cfg WebhookConfig) (http.Handler, error) {
 		cfg.Notifier = alerts.NewLog(cfg.Logger)
 	}
 	l := ledger.New(cfg.DB, cfg.Schema, cfg.Clock)
-	if cfg.Rollback != nil {
-		l.SetWitness(cfg.Rollback)
+	if cfg.Witness != nil {
+		l.SetWitness(cfg.Witness)
 	}
 	return &webhookHandler{cfg: cfg, ledger: l}, nil
 }

@@ -39,7 +39,6 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/pg"
-	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
 )
@@ -72,9 +71,9 @@ func (s StreamGroup) String() string { return s.Stream + "/" + s.Group }
 // Config configures a Reaper.
 type Config struct {
 	Redis redis.UniversalClient // required
-	// Rollback is the process's ledger witness, given to the re-drives
-	// (consumer.Config.Rollback).
-	Rollback *rollback.Monitor
+	// Witness is the process's ledger witness, given to the re-drives
+	// (consumer.Config.Witness).
+	Witness consumer.LedgerWitness
 	// DB reaches pelguard's ledger; required.
 	DB *pgxpool.Pool
 	// Schema holds pelguard's tables (default "pelguard"); it must match
@@ -298,7 +297,7 @@ func New(cfg Config) (*Reaper, error) {
 	}
 	r := &Reaper{tracer: tracing.Tracer(cfg.TracerProvider),
 		cfg:      cfg,
-		ledger:   witnessed(ledger.New(cfg.DB, cfg.Schema, cfg.Clock), cfg.Rollback),
+		ledger:   witnessed(ledger.New(cfg.DB, cfg.Schema, cfg.Clock), cfg.Witness),
 		stopped:  stoppedSet(cfg.StoppedConsumers),
 		alerted:  map[string]bool{},
 		slots:    make(chan struct{}, cfg.Workers),
@@ -320,7 +319,7 @@ func New(cfg Config) (*Reaper, error) {
 				Stream: sg.Stream, Group: sg.Group, Name: cfg.Name,
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
-				Retry: cfg.Retry, Rollback: cfg.Rollback,
+				Retry: cfg.Retry, Witness: cfg.Witness,
 				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 				TracerProvider: cfg.TracerProvider,
 			})
@@ -425,7 +424,7 @@ func (r *Reaper) decide(d Decision) {
 }
 
 // witnessed is l with the process's witness, when it has one.
-func witnessed(l *ledger.Ledger, m *rollback.Monitor) *ledger.Ledger {
+func witnessed(l *ledger.Ledger, m consumer.LedgerWitness) *ledger.Ledger {
 	if m != nil {
 		l.SetWitness(m)
 	}

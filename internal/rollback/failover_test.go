@@ -137,7 +137,7 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 			r, err := reaper.New(reaper.Config{Redis: rdb, DB: pool, Schema: schema, Stripe: sc, Name: name,
 				Streams: []reaper.StreamGroup{{Stream: stream, Group: "billing"}}, Namespace: "drill",
 				MinIdle: 3 * time.Second, Interval: 500 * time.Millisecond, Lease: 5 * time.Second,
-				Logger: testenv.Logger(t), Clock: clk, Rollback: mon})
+				Logger: testenv.Logger(t), Clock: clk, Witness: mon})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +148,7 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		} else {
 			c, err := consumer.New(consumer.Config{Redis: rdb, DB: pool, Schema: schema, Stripe: sc, Stream: stream, Group: "billing",
 				Name: name, Namespace: "drill", Block: 50 * time.Millisecond, Lease: 5 * time.Second, Workers: 4,
-				Logger: testenv.Logger(t), Clock: clk, Rollback: mon, FollowUpEvery: -1})
+				Logger: testenv.Logger(t), Clock: clk, Witness: mon, FollowUpEvery: -1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -145,7 +145,7 @@ func (o *auditOptions) build(stderr io.Writer, reg prometheus.Registerer, notify
 	}
 	b := &auditor{logger: logger, pool: pool, schema: o.Schema, dep: dep, mon: mon, close: func() { mon.Close(); pool.Close(); closeRedis() }}
 	cfg := o.Config
-	cfg.DB, cfg.Schema, cfg.Logger, cfg.Rollback = pool, o.Schema, logger, mon
+	cfg.DB, cfg.Schema, cfg.Logger, cfg.Witness = pool, o.Schema, logger, mon
 	cfg.Stripe = o.Stripe.Config(lim)
 	if notify {
 		n, err := o.Slack.Notifier(logger, reg)

@@ -274,7 +274,7 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 		cfg.TestMode = strings.Contains(o.Stripe.APIKey, "_test_")
 		cfg.Auditor, err = audit.New(audit.Config{DB: pool, Schema: o.Schema, Logger: logger, Notifier: n,
 			MaxRefunds24h: o.MaxRefunds24h, MaxCents24h: o.MaxCents24h, MaxCents: o.MaxRefundCents,
-			Stripe: o.Stripe.Config(lim), Rollback: mon})
+			Stripe: o.Stripe.Config(lim), Witness: mon})
 		if err != nil {
 			return cli.Usagef("%v", err)
 		}

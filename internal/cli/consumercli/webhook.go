@@ -131,7 +131,7 @@ func (o *WebhookOptions) run(ctx context.Context, stderr io.Writer) int {
 	defer pool.Close()
 	defer mon.Close() // before the pool closes
 	h, err := consumer.WebhookHandler(consumer.WebhookConfig{DB: pool, Schema: o.Schema, Secret: o.secret, Tolerance: o.Tolerance,
-		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg), Rollback: mon})
+		Retry: o.Retries.Policy(), Notifier: notifier, Logger: logger, Metrics: consumer.NewWebhookMetrics(reg), Witness: mon})
 	if err != nil {
 		return cli.Fail(stderr, name, cli.Usagef("%v", err))
 	}

@@ -222,7 +222,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	defer mon.Close() // before the pool closes
 
 	cfg := o.config()
-	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Rollback = rdb, pool, sc, notifier, logger, mon
+	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
 	if c, ok := sc.(*stripeapi.Client); ok { // a dry run has no Stripe client: it detects and fences, never repairs
 		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
