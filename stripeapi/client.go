@@ -89,6 +89,16 @@ type Config struct {
 	// rate through Redis). It is told about every 429, so it can slow the
 	// fleet. Setting both Limiter and RateLimit is an error.
 	Limiter Limiter
+	// MeterLimiter, when set, paces meter events (POST
+	// /v1/billing/meter_events, SendMeterEvent's calls) instead of Limiter
+	// or RateLimit, and is told about their 429s. Stripe gives live-mode
+	// meter events a limit of their own, 1,000 calls/s per account outside
+	// the basic 100/s (docs.stripe.com/rate-limits): a live fleet passes a
+	// limiter of that schedule (stripelimit.Config.ForMeterEvents). In test
+	// mode meter events count against the basic limit: leave it nil and
+	// they share Limiter (or RateLimit) like every other call. Adjustments
+	// (CancelMeterEvent) are ordinary calls and always use the general one.
+	MeterLimiter Limiter
 	// ResolvePaymentMethod makes Charge (payment_intents mode) look up the
 	// customer's invoice_settings.default_payment_method (or default_source)
 	// and pass it to the intent: one extra GET per charge. Real Stripe needs
@@ -118,16 +128,34 @@ type Limiter interface {
 
 // Endpoint names a request the way Stripe counts its per-endpoint limits:
 // the method and the path with object ids replaced ("GET /v1/charges/{id}"),
-// so every charge's GET counts against one endpoint.
+// so every charge's GET counts against one endpoint. A namespace is part of
+// the resource's name: "POST /v1/billing/meter_events",
+// "GET /v1/billing/meters/{id}/event_summaries".
 func Endpoint(method, path string) string {
 	segs := strings.Split(strings.Trim(path, "/"), "/")
-	for i := 2; i < len(segs); i += 2 {
+	first := 2
+	if len(segs) > 2 && namespaces[segs[1]] {
+		first = 3
+	}
+	for i := first; i < len(segs); i += 2 {
 		if segs[i] != "search" {
 			segs[i] = "{id}"
 		}
 	}
 	return method + " /" + strings.Join(segs, "/")
 }
+
+// namespaces are the path segments Stripe puts before a resource's name
+// (/v1/billing/meters, /v1/checkout/sessions).
+var namespaces = map[string]bool{
+	"apps": true, "billing": true, "billing_portal": true, "checkout": true, "climate": true,
+	"entitlements": true, "financial_connections": true, "forwarding": true, "identity": true,
+	"issuing": true, "radar": true, "reporting": true, "sigma": true, "tax": true,
+	"terminal": true, "test_helpers": true, "treasury": true,
+}
+
+// meterEventsPath is the one endpoint MeterLimiter paces.
+const meterEventsPath = "/v1/billing/meter_events"
 
 // Client is safe for concurrent use; share one per process so the rate
 // limit is shared.
@@ -203,7 +231,7 @@ func New(cfg Config) (*Client, error) {
 		c.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit), burst)
 	}
 
-	httpClient := buildHTTPClient(cfg.HTTPClient, cfg.Timeout, c.limiter, cfg.Limiter)
+	httpClient := buildHTTPClient(cfg.HTTPClient, cfg.Timeout, c.limiter, cfg.Limiter, cfg.MeterLimiter)
 	var leveled stripe.LeveledLoggerInterface = &stripe.LeveledLogger{Level: stripe.LevelNull}
 	if cfg.Logger != nil {
 		leveled = &slogLeveled{l: cfg.Logger, key: cfg.APIKey}
@@ -226,9 +254,9 @@ func New(cfg Config) (*Client, error) {
 }
 
 // buildHTTPClient returns a client whose transport applies the shared rate
-// limit to every attempt and records each response status, without
-// modifying the caller's client.
-func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Limiter, shared Limiter) *http.Client {
+// limit to every attempt (meter's to meter events, when set) and records
+// each response status, without modifying the caller's client.
+func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Limiter, shared, meter Limiter) *http.Client {
 	var hc http.Client
 	var rt http.RoundTripper
 	if base != nil {
@@ -246,7 +274,7 @@ func buildHTTPClient(base *http.Client, timeout time.Duration, limiter *rate.Lim
 	if hc.Timeout == 0 {
 		hc.Timeout = timeout
 	}
-	hc.Transport = &transport{next: rt, limiter: limiter, shared: shared}
+	hc.Transport = &transport{next: rt, limiter: limiter, shared: shared, meter: meter}
 	return &hc
 }
 
@@ -262,15 +290,20 @@ type transport struct {
 	next    http.RoundTripper
 	limiter *rate.Limiter
 	shared  Limiter
+	meter   Limiter // meter events only, when set
 }
 
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var endpoint string
-	if t.limiter != nil || t.shared != nil {
-		wait := t.limiter.Wait
-		if t.shared != nil {
+	limiter, shared := t.limiter, t.shared
+	if t.meter != nil && req.Method == http.MethodPost && req.URL.Path == meterEventsPath {
+		limiter, shared = nil, t.meter
+	}
+	if limiter != nil || shared != nil {
+		wait := limiter.Wait
+		if shared != nil {
 			endpoint = Endpoint(req.Method, req.URL.Path)
-			wait = func(ctx context.Context) error { return t.shared.Wait(ctx, endpoint) }
+			wait = func(ctx context.Context) error { return shared.Wait(ctx, endpoint) }
 		}
 		if err := wait(req.Context()); err != nil {
 			if req.Body != nil {
@@ -284,8 +317,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if box, ok := req.Context().Value(statusKey{}).(*statusBox); ok {
 			box.status = resp.StatusCode
 		}
-		if resp.StatusCode == http.StatusTooManyRequests && t.shared != nil {
-			t.shared.RateLimited(req.Context(), endpoint)
+		if resp.StatusCode == http.StatusTooManyRequests && shared != nil {
+			shared.RateLimited(req.Context(), endpoint)
 		}
 	}
 	return resp, err

@@ -40,6 +40,12 @@ var (
 	// no usable payment method). Nothing was charged; Error.Message says
 	// what is needed, Error.PaymentIntentID names the intent.
 	ErrActionRequired = errors.New("stripe: customer action required")
+	// ErrDuplicateIdentifier: Stripe refused a meter event because an
+	// event with its identifier already exists (400). Stripe deduplicates
+	// identifiers within a rolling window of at least 24 hours, so the
+	// event was delivered by an earlier call: callers record it as
+	// delivered, never send it again under another identifier.
+	ErrDuplicateIdentifier = errors.New("stripe: meter event identifier already used")
 )
 
 // Error is the adapter's typed error: the kind (one of the Err* sentinels)
@@ -56,6 +62,9 @@ type Error struct {
 	AdviceCode string
 	RequestID  string
 	Message    string
+	// Param is the parameter Stripe's error names, e.g. "timestamp" or
+	// "payload[value]" for a refused meter event.
+	Param string
 	// PaymentIntentID and ChargeID name the intent and the (failed) charge
 	// Stripe's error carries, when it carries them.
 	PaymentIntentID string
@@ -158,6 +167,7 @@ func classify(err error) error {
 			AdviceCode:  adviceCode(se),
 			RequestID:   se.RequestID,
 			Message:     se.Msg,
+			Param:       se.Param,
 			ChargeID:    se.ChargeID,
 			Err:         se,
 		}
@@ -235,6 +245,30 @@ func classify(err error) error {
 	// answer.
 	out := &Error{Kind: ErrTransient, Message: scrub(err.Error()), Err: err}
 	return out
+}
+
+// meterEventError tells a meter event's duplicate identifier apart from
+// its other refusals, and leaves every other error to classify (through
+// Client.call), as it is. Stripe refuses a duplicate with a 400
+// invalid_request_error and no code, and the message, reported by users
+// ("An event already exists with identifier <id>."), is not documented.
+// It is matched loosely (case aside, "identifier" and "already exists" or
+// "already been used") so a rewording keeps working; a refusal it misses
+// stays ErrInvalidRequest, which callers dead-letter: visible, never a
+// second delivery.
+func meterEventError(err error) error {
+	var se *stripe.Error
+	if !errors.As(err, &se) || !fromStripe(se) || se.HTTPStatusCode != http.StatusBadRequest ||
+		se.Type != stripe.ErrorTypeInvalidRequest || !duplicateIdentifierMessage(se.Msg) {
+		return err
+	}
+	return &Error{Kind: ErrDuplicateIdentifier, HTTPStatus: se.HTTPStatusCode, Code: string(se.Code), Param: se.Param,
+		RequestID: se.RequestID, Message: scrub(se.Msg), Err: se}
+}
+
+func duplicateIdentifierMessage(msg string) bool {
+	m := strings.ToLower(msg)
+	return strings.Contains(m, "identifier") && (strings.Contains(m, "already exists") || strings.Contains(m, "already been used"))
 }
 
 // DeclineClass says what a retry of a declined card can do.

@@ -170,6 +170,42 @@ func TestStripeMockConformance(t *testing.T) {
 		}
 	})
 
+	// Billing meters: request and response shapes only. stripe-mock is
+	// stateless, so the identifier window, the one-call-per-customer-per-
+	// meter rule, the timestamp bounds and the summaries' values are
+	// checked against the emulator (meters_test.go), whose rules are ours
+	// to keep faithful to Stripe's docs.
+	t.Run("Meters", func(t *testing.T) {
+		t.Parallel()
+		c := newClient(t, "", false)
+		m, err := c.CreateMeter(ctx, stripeapi.MeterSpec{DisplayName: "API calls", EventName: "api_calls", Formula: stripeapi.MeterFormulaSum})
+		if err != nil || m.ID == "" {
+			t.Fatalf("CreateMeter rejected by stripe-mock: %+v %v", m, err)
+		}
+		meters, err := c.ListMeters(ctx)
+		if err != nil || len(meters) == 0 || meters[0].EventName == "" {
+			t.Fatalf("ListMeters: %+v %v", meters, err)
+		}
+		res, err := c.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: "api_calls", StripeCustomerID: "cus_mock",
+			Value: 25, Identifier: "pelguard-3f1c2a9b8d7e6f5a", Timestamp: time.Now().Add(-time.Hour)})
+		if err != nil || res.Identifier == "" {
+			t.Fatalf("SendMeterEvent rejected by stripe-mock: %+v %v", res, err)
+		}
+		if _, err := c.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: "api_calls", StripeCustomerID: "cus_mock", Value: -3}); err != nil {
+			t.Fatalf("SendMeterEvent (no identifier, no timestamp, negative) rejected by stripe-mock: %v", err)
+		}
+		if err := c.CancelMeterEvent(ctx, "api_calls", "pelguard-3f1c2a9b8d7e6f5a"); err != nil {
+			t.Fatalf("CancelMeterEvent rejected by stripe-mock: %v", err)
+		}
+		day := time.Now().UTC().Truncate(24 * time.Hour)
+		for _, w := range []stripeapi.MeterWindow{stripeapi.MeterWindowNone, stripeapi.MeterWindowHour, stripeapi.MeterWindowDay} {
+			sums, err := c.MeterEventSummaries(ctx, m.ID, "cus_mock", day.Add(-24*time.Hour), day, w)
+			if err != nil || len(sums) == 0 {
+				t.Fatalf("MeterEventSummaries (window %q) rejected by stripe-mock: %v %v", w, sums, err)
+			}
+		}
+	})
+
 	t.Run("InvalidParameterIsInvalidRequest", func(t *testing.T) {
 		t.Parallel()
 		// An empty metadata key passes our validation but not the spec:

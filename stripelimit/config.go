@@ -77,6 +77,14 @@ const (
 	DefaultRetryRedis = time.Second
 	// KeyPrefix starts every Redis key of the limiter.
 	KeyPrefix = "pelguard:stripe-rate:"
+	// MeterEventsRate is Stripe's live-mode limit of meter events (POST
+	// /v1/billing/meter_events): 1,000 calls/s per account, a limit of its
+	// own outside the basic 100/s (docs.stripe.com/rate-limits). In test
+	// mode they count against the basic 25/s instead.
+	MeterEventsRate = 1000
+	// MeterEventsSuffix follows the account's name in the name of its
+	// meter-events schedule (see ForMeterEvents).
+	MeterEventsSuffix = ".meter-events"
 )
 
 // Config configures a Limiter. Rate is required.
@@ -165,6 +173,27 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("negative RedisTimeout or RetryRedis"))
 	}
 	return errors.Join(errs...)
+}
+
+// ForMeterEvents is c made for the limiter of live-mode meter events, to
+// give stripeapi.Config.MeterLimiter: the same Redis, role, floors, backoff
+// and logger, a schedule of its own (Account + MeterEventsSuffix, so the
+// fleet's meter events and its other calls never draw on each other) at
+// MeterEventsRate. Burst and FallbackRate return to their defaults for the
+// new rate (set them after, and Rate, for an account whose limit Stripe
+// raised); EndpointRate is dropped: the meter-events limit is already one
+// endpoint's. A 429 on meter events pauses the meter-event schedule only.
+// Registerer is dropped as well: this limiter's series would have the
+// account limiter's names and roles, and a registry refuses them twice;
+// give it a Registerer of its own (another registry) to export them.
+// In test mode Stripe counts meter events against the basic limit: use the
+// account's limiter for them (leave MeterLimiter nil).
+func (c Config) ForMeterEvents() Config {
+	c.Account = cmp.Or(c.Account, DefaultAccount) + MeterEventsSuffix
+	c.Rate = MeterEventsRate
+	c.Burst, c.FallbackRate, c.EndpointRate = 0, 0, 0
+	c.Registerer = nil
+	return c
 }
 
 // floors returns the reserved fractions with defaults applied.

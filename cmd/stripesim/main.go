@@ -23,7 +23,8 @@ const usage = `Usage: stripesim [flags]
 
 stripesim is a local Stripe emulator for trying pelguard without a Stripe
 account: an in-memory stand-in for Stripe's API (customers, charges,
-PaymentIntents, refunds) that keeps every charge until it stops. Nothing it
+PaymentIntents, refunds, billing meters and meter events) that keeps every
+charge and event until it stops. Nothing it
 does reaches Stripe. It listens on --addr (default 127.0.0.1:12111),
 prints its URL, and serves until Ctrl-C.
 
@@ -39,6 +40,7 @@ Look at what happened, or break things on purpose, over HTTP:
     curl http://127.0.0.1:12111/_sim/charges       every charge made
     curl http://127.0.0.1:12111/_sim/duplicates    customers charged twice for a period
     curl http://127.0.0.1:12111/_sim/requests      the requests received
+    curl http://127.0.0.1:12111/_sim/meters        billing meters and meter-event counts
     curl -d '{"error_rate":0.1}' http://127.0.0.1:12111/_sim/faults     10 % of requests fail
     curl -d '{"duration":"24h"}' http://127.0.0.1:12111/_sim/advance    move its clock a day
     curl http://127.0.0.1:12111/_sim/faults        the faults in force, every field
@@ -71,6 +73,8 @@ func main() {
 	latency := flag.Duration("latency", 0, "fixed latency added to every /v1 request")
 	errorRate := flag.Float64("error-rate", 0, "fraction of /v1 requests answered 500 before executing")
 	rateLimit := flag.Float64("rate-limit", 0, "requests per second before 429 rate_limit (0 = unlimited)")
+	meterRate := flag.Float64("meter-event-rate-limit", 0, "meter events per second before 429 rate_limit, Stripe's limit of their own (1000 in live mode; 0 = unlimited)")
+	meterLatency := flag.Duration("meter-event-latency", 0, "how long each meter event is in flight, holding its customer and meter (a second call meanwhile: 429)")
 	seed := flag.Int64("seed", 1, "seed for fault decisions")
 	flag.Var(rks, "rk", "restricted key and its permissions, e.g. rk_test_auditor=charges_read,payment_intents_read (repeatable)")
 	flag.Usage = func() {
@@ -92,6 +96,9 @@ func main() {
 			Latency:   stripesim.Latency{Fixed: *latency},
 			ErrorRate: *errorRate,
 			RateLimit: *rateLimit,
+
+			MeterEventRateLimit: *meterRate,
+			MeterEventLatency:   *meterLatency,
 		},
 	})
 	if err != nil {

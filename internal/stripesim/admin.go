@@ -34,6 +34,12 @@ type FaultsJSON struct {
 	NoPaymentMethod  []string          `json:"no_payment_method_customers,omitempty"`
 	CardErrorCodes   map[string]string `json:"card_error_codes,omitempty"`
 	AdviceCodes      map[string]string `json:"advice_codes,omitempty"`
+
+	MeterEventLatency     string  `json:"meter_event_latency,omitempty"`
+	MeterEventRateLimit   float64 `json:"meter_event_rate_limit,omitempty"`
+	MeterEventRateBurst   int     `json:"meter_event_rate_burst,omitempty"`
+	DropNextMeterEvents   int     `json:"drop_next_meter_events,omitempty"`
+	RejectNextMeterEvents int     `json:"reject_next_meter_events,omitempty"`
 }
 
 func durStr(d time.Duration) string {
@@ -61,6 +67,8 @@ func (f Faults) ToJSON() FaultsJSON {
 	j.DeclineCodes, j.DebitCustomers = f.DeclineCodes, f.DebitCustomers
 	j.AuthRequired, j.NoPaymentMethod = f.AuthRequiredCustomers, f.NoPaymentMethodCustomers
 	j.CardErrorCodes, j.AdviceCodes = f.CardErrorCodes, f.AdviceCodes
+	j.MeterEventLatency, j.MeterEventRateLimit, j.MeterEventRateBurst = durStr(f.MeterEventLatency), f.MeterEventRateLimit, f.MeterEventRateBurst
+	j.DropNextMeterEvents, j.RejectNextMeterEvents = f.DropNextMeterEvents, f.RejectNextMeterEvents
 	return j
 }
 
@@ -95,6 +103,9 @@ func (j FaultsJSON) Faults() (Faults, error) {
 	f.DeclineCodes, f.DebitCustomers = j.DeclineCodes, j.DebitCustomers
 	f.AuthRequiredCustomers, f.NoPaymentMethodCustomers = j.AuthRequired, j.NoPaymentMethod
 	f.CardErrorCodes, f.AdviceCodes = j.CardErrorCodes, j.AdviceCodes
+	f.MeterEventLatency = parse("meter_event_latency", j.MeterEventLatency)
+	f.MeterEventRateLimit, f.MeterEventRateBurst = j.MeterEventRateLimit, j.MeterEventRateBurst
+	f.DropNextMeterEvents, f.RejectNextMeterEvents = j.DropNextMeterEvents, j.RejectNextMeterEvents
 	return f, err
 }
 
@@ -116,6 +127,8 @@ func (j FaultsJSON) Faults() (Faults, error) {
 //	GET  /_sim/events      every event (Events), with its signed payload and deliveries
 //	POST /_sim/events/deliver {"ids": ["evt_…", …]} POSTs those events to the webhook now,
 //	                       in that order (DeliverEvents): replays and out-of-order delivery
+//	GET  /_sim/meters      billing meters, MeterEventCounts and MeterErrorReports
+//	GET  /_sim/meter_events[?event_name=…&customer=…] recorded meter events (MeterEvents)
 //
 // Per-customer outcomes are faults (POST /_sim/faults): decline_customers,
 // decline_codes {"cus_…": "insufficient_funds"}, card_error_codes
@@ -139,6 +152,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status, v, ok := s.serveSeed(r); ok {
+		reply(status, v)
+		return
+	}
+	if status, v, ok := s.serveMeters(r); ok {
 		reply(status, v)
 		return
 	}

@@ -96,6 +96,34 @@ type Faults struct {
 	// the key), then stops: a transient refund failure. Faults() reports
 	// how many remain.
 	FailNextRefunds int
+
+	// MeterEventLatency is how long each POST /v1/billing/meter_events is
+	// in flight once it holds its customer-and-meter slot: a second call
+	// for the same customer and meter meanwhile gets Stripe's 429 (see
+	// meterevents.go). Latency applies before it, outside the slot. The
+	// event is recorded when it ends, even if the client has gone: a
+	// client timeout shorter than it is "recorded, response lost".
+	MeterEventLatency time.Duration
+	// MeterEventRateLimit caps POST /v1/billing/meter_events per second
+	// (token bucket, real time), Stripe's limit of its own for meter
+	// events (1,000/s in live mode); excess calls get 429 rate_limit.
+	// Live-mode keys' meter events do not count against RateLimit, test
+	// keys' do, as Stripe counts them. 0 means unlimited.
+	MeterEventRateLimit float64
+	// MeterEventRateBurst is its bucket size; defaults to
+	// max(1, MeterEventRateLimit).
+	MeterEventRateBurst int
+	// DropNextMeterEvents drops the connection of the next N recorded
+	// meter events after recording them (and their idempotent response),
+	// before any byte of reply: "recorded, response lost". DropHang
+	// applies. Faults() reports how many remain.
+	DropNextMeterEvents int
+	// RejectNextMeterEvents answers the next N valid meter events 200 and
+	// then drops them, recording an error report instead (code
+	// "stripesim_injected"): Stripe validates part of an event after its
+	// 200 and reports what it rejects in v1.billing.meter.error_report_triggered
+	// events. Faults() reports how many remain.
+	RejectNextMeterEvents int
 }
 
 // Latency describes injected delay: Fixed + uniform[Min, Max) + Tail with
@@ -120,6 +148,10 @@ func (f Faults) Validate() error {
 	}
 	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 || f.FailNextRefunds < 0 {
 		errs = append(errs, errors.New("RateLimit, RateBurst, DropNextCharges and FailNextRefunds must not be negative"))
+	}
+	if f.MeterEventLatency < 0 || f.MeterEventRateLimit < 0 || f.MeterEventRateBurst < 0 ||
+		f.DropNextMeterEvents < 0 || f.RejectNextMeterEvents < 0 {
+		errs = append(errs, errors.New("MeterEventLatency, MeterEventRateLimit, MeterEventRateBurst, DropNextMeterEvents and RejectNextMeterEvents must not be negative"))
 	}
 	for id, code := range f.DeclineCodes {
 		if code == "" {
@@ -152,14 +184,19 @@ type activeFaults struct {
 	authRequired map[string]bool
 	noPM         map[string]bool
 	limiter      *rate.Limiter
+	meterLimiter *rate.Limiter
 }
 
 type faultState struct {
 	cur      atomic.Pointer[activeFaults]
 	dropNext atomic.Int64
 	failRef  atomic.Int64
-	rngMu    sync.Mutex
-	rng      *rand.Rand
+	// dropMeter and rejectMeter count down DropNextMeterEvents and
+	// RejectNextMeterEvents.
+	dropMeter   atomic.Int64
+	rejectMeter atomic.Int64
+	rngMu       sync.Mutex
+	rng         *rand.Rand
 }
 
 func (fs *faultState) init(seed int64, f Faults) {
@@ -177,8 +214,17 @@ func (fs *faultState) set(f Faults) {
 		}
 		a.limiter = rate.NewLimiter(rate.Limit(f.RateLimit), burst)
 	}
+	if f.MeterEventRateLimit > 0 {
+		burst := f.MeterEventRateBurst
+		if burst == 0 {
+			burst = max(1, int(f.MeterEventRateLimit))
+		}
+		a.meterLimiter = rate.NewLimiter(rate.Limit(f.MeterEventRateLimit), burst)
+	}
 	fs.dropNext.Store(int64(f.DropNextCharges))
 	fs.failRef.Store(int64(f.FailNextRefunds))
+	fs.dropMeter.Store(int64(f.DropNextMeterEvents))
+	fs.rejectMeter.Store(int64(f.RejectNextMeterEvents))
 	fs.cur.Store(a)
 }
 
@@ -236,15 +282,30 @@ func (s *Server) Faults() Faults {
 	f := s.faults.current().Faults
 	f.DropNextCharges = int(max(0, s.faults.dropNext.Load()))
 	f.FailNextRefunds = int(max(0, s.faults.failRef.Load()))
+	f.DropNextMeterEvents = int(max(0, s.faults.dropMeter.Load()))
+	f.RejectNextMeterEvents = int(max(0, s.faults.rejectMeter.Load()))
 	return f
 }
 
-// injectPreExecution applies the rate limit and the injected 500/429 faults,
-// which all answer before the request executes.
-func (s *Server) injectPreExecution(r *http.Request) (response, bool) {
+// injectPreExecution applies the rate limits and the injected 500/429
+// faults, which all answer before the request executes. A meter event
+// (POST /v1/billing/meter_events) draws on MeterEventRateLimit and, made
+// with a test key, on RateLimit too: Stripe gives live-mode meter events a
+// limit of their own outside the basic one, and counts test-mode ones
+// against the basic limit (docs.stripe.com/rate-limits).
+func (s *Server) injectPreExecution(r *http.Request, livemode bool) (response, bool) {
 	f := s.faults.current()
-	if f.limiter != nil && !f.limiter.Allow() {
+	meterEvent := r.Method == http.MethodPost && r.URL.Path == meterEventsPath
+	if f.limiter != nil && !(meterEvent && livemode) && !f.limiter.Allow() {
 		s.log.Info("stripesim: rate limited", slog.String("path", r.URL.Path))
+		if meterEvent {
+			s.meters.count(func(c *MeterEventCounts) { c.RateLimited++ })
+		}
+		return rateLimited(), false
+	}
+	if meterEvent && f.meterLimiter != nil && !f.meterLimiter.Allow() {
+		s.log.Info("stripesim: meter events rate limited", slog.String("path", r.URL.Path))
+		s.meters.count(func(c *MeterEventCounts) { c.RateLimited++ })
 		return rateLimited(), false
 	}
 	refundPOST := r.Method == http.MethodPost && r.URL.Path == "/v1/refunds"

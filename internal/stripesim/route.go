@@ -31,7 +31,18 @@ var routes = map[string]routeInfo{
 	"GET /v1/refunds":                      {perm: "refunds_read", list: true, handle: (*Server).listRefunds},
 	"GET /v1/refunds/{id}":                 {perm: "refunds_read", handle: (*Server).getRefund},
 	"POST /v1/charges/{id}":                {perm: "charges_write", handle: (*Server).updateCharge},
+
+	"POST /v1/billing/meters":                     {perm: "billing_meters_write", handle: (*Server).createMeter},
+	"GET /v1/billing/meters":                      {perm: "billing_meters_read", list: true, handle: (*Server).listMeters},
+	"GET /v1/billing/meters/{id}":                 {perm: "billing_meters_read", handle: (*Server).getMeter},
+	"GET /v1/billing/meters/{id}/event_summaries": {perm: "billing_meters_read", list: true, handle: (*Server).listMeterSummaries},
+	"POST /v1/billing/meter_events":               {perm: "billing_meter_events_write", handle: (*Server).createMeterEvent},
+	"POST /v1/billing/meter_event_adjustments":    {perm: "billing_meter_events_write", handle: (*Server).createMeterAdjustment},
 }
+
+// namespaces are the path segments Stripe puts before a resource
+// (/v1/billing/meters): they belong to the resource's name, not its id.
+var namespaces = []string{"billing"}
 
 func init() {
 	for k, v := range routes {
@@ -47,8 +58,15 @@ func route(method, path string) (routeInfo, string, bool) {
 	if !ok {
 		return routeInfo{}, "", false
 	}
+	ns := ""
+	for _, n := range namespaces {
+		if after, ok := strings.CutPrefix(rest, n+"/"); ok {
+			ns, rest = n+"/", after
+			break
+		}
+	}
 	resource, id, hasID := strings.Cut(rest, "/")
-	pattern := method + " /v1/" + resource
+	pattern := method + " /v1/" + ns + resource
 	if hasID {
 		id, action, hasAction := strings.Cut(id, "/")
 		if id == "" || (hasAction && (action == "" || strings.Contains(action, "/"))) {

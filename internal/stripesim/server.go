@@ -1,10 +1,12 @@
 // Package stripesim is a stateful, in-process Stripe emulator that
 // github.com/stripe/stripe-go/v76 talks to through stripe.BackendConfig.URL.
 //
-// It keeps customers, charges, payment intents and refunds in memory, honours
-// Idempotency-Key like Stripe (24 h window on a controllable clock), checks
-// restricted-key permissions, and injects the faults pelguard must survive:
-// latency, 500s, 429s, declines and "charge committed, response lost".
+// It keeps customers, charges, payment intents, refunds and billing meters
+// (meters, meter events, adjustments, event summaries: meters.go) in
+// memory, honours Idempotency-Key like Stripe (24 h window on a
+// controllable clock), checks restricted-key permissions, and injects the
+// faults pelguard must survive: latency, 500s, 429s, declines and "charge
+// committed, response lost".
 //
 // Request pipeline, in order (the order decides what gets cached):
 //
@@ -73,6 +75,11 @@ type Config struct {
 	// Webhook, when its URL is set, receives every event, signed with its
 	// Secret; SetWebhook changes it later.
 	Webhook Webhook
+	// OnMeterEventInFlight, when set, runs for every meter event while it
+	// holds its customer-and-meter slot (see meterevents.go), before it is
+	// recorded: a test holds it there to provoke Stripe's one-call-per-
+	// customer-per-meter rule without a sleep.
+	OnMeterEventInFlight func(customer, eventName string)
 }
 
 // Server is a running emulator. All methods are safe for concurrent use.
@@ -84,6 +91,7 @@ type Server struct {
 	url    string
 	clock  *clock.Sim
 	store  *store
+	meters *meterStore
 	idem   *idemStore
 	faults faultState
 	perms  sync.Map // restricted key → map[string]bool
@@ -133,6 +141,7 @@ func New(cfg Config) (*Server, error) {
 		url:     "http://" + ln.Addr().String(),
 		clock:   newClock(cfg.Now),
 		store:   newStore(),
+		meters:  newMeterStore(),
 		idem:    newIdemStore(),
 		counts:  make(map[string]int64),
 		closing: make(chan struct{}),
@@ -185,6 +194,7 @@ func (s *Server) Close() {
 		// and 100k retained charges would skew the next benchmark run's
 		// heap and GC.
 		s.store.drop()
+		s.meters.drop()
 		s.idem.drop()
 	})
 }
@@ -232,6 +242,9 @@ type response struct {
 	// createdCharge is set when the request committed a new charge, making
 	// it eligible for the commit-then-drop fault.
 	createdCharge bool
+	// createdMeterEvent is set when the request recorded a meter event,
+	// making it eligible for DropNextMeterEvents.
+	createdMeterEvent bool
 	// shouldRetry, when set, is sent as the Stripe-Should-Retry header.
 	shouldRetry string
 }
@@ -267,7 +280,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.form = form
-	if resp, ok := s.injectPreExecution(r); !ok {
+	if resp, ok := s.injectPreExecution(r, c.livemode); !ok {
 		s.writeResp(w, r, resp, false)
 		return
 	}
@@ -324,6 +337,11 @@ func (s *Server) hook(kind string) {
 func (s *Server) finishPost(w http.ResponseWriter, r *http.Request, resp response) {
 	if resp.createdCharge && s.faults.shouldDrop() {
 		s.log.Info("stripesim: dropping connection after committed charge", slog.String("path", r.URL.Path))
+		s.drop(w)
+		return
+	}
+	if resp.createdMeterEvent && takeOne(&s.faults.dropMeter) {
+		s.log.Info("stripesim: dropping connection after recorded meter event", slog.String("path", r.URL.Path))
 		s.drop(w)
 		return
 	}
