@@ -293,6 +293,51 @@ func TestKeyWindowPassedLooksUpCharge(t *testing.T) {
 	}
 }
 
+// Issue 26: a ledger that lost a charged row (a failover to an
+// asynchronous replica), and the acked entry coming back a day later (a
+// Redis rollback): the new row is attempt 1 and the event carries no
+// occurred_at, but its stream entry id says it was added more than the
+// safe window ago, so the consumer asks Stripe first and records the
+// charge it finds instead of charging under a key Stripe has forgotten.
+func TestAnEntryOlderThanTheKeyWindowLooksUpFirst(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now().UTC() // entry ids are the wall clock's
+	clk := newSimClock(t0)
+	b := setup(t, opts{clk: clk, simNow: t0})
+	e := ev(1)
+	b.add(t, e)
+	msgs := b.read(t, "consumer-A", 1)
+	// Redis as an AOF rollback will bring it back: the entry pending.
+	dump, err := b.rdb.Dump(context.Background(), b.stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(t, "consumer-A")
+	cfg.Clock = clk
+	p := processor(t, cfg)
+	if out, err := p.Process(context.Background(), b.stream, msgs[0]); out != consumer.OutcomeCharged || err != nil {
+		t.Fatalf("first delivery: %v %v", out, err)
+	}
+	if _, err := b.pool.Exec(context.Background(), `DELETE FROM billing_records`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.RestoreReplace(context.Background(), b.stream, 0, dump).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(25 * time.Hour)
+	b.sim.Advance(25 * time.Hour)
+	out, err := p.Process(context.Background(), b.stream, msgs[0])
+	if out != consumer.OutcomeCharged || err != nil {
+		t.Fatalf("the entry back a day later: %v %v", out, err)
+	}
+	if n, creates := b.charges(e), b.sim.ChargeCreates(); n != 1 || creates != 1 {
+		t.Fatalf("%d charges (%d creates) after the entry came back, want 1: the look-up must find the first", n, creates)
+	}
+	if r := b.record(t, e); r.Status != ledger.StatusCharged || r.ChargeID != b.sim.Charges()[0].ID {
+		t.Fatalf("ledger %s %s vs Stripe %s", r.Status, r.ChargeID, b.sim.Charges()[0].ID)
+	}
+}
+
 // Past the window with the lookup failing: never guess. The row stays
 // pending, the entry stays in the PEL, nothing is charged.
 func TestKeyWindowLookupFailureLeavesPending(t *testing.T) {
