@@ -25,7 +25,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // PayloadField is the stream field that holds the event's JSON.
@@ -162,16 +161,7 @@ func ParseFields(fields map[string]any, rules Rules) (Event, error) {
 
 // Parse validates one JSON payload.
 func Parse(payload []byte, rules Rules) (Event, error) {
-	if len(payload) > rules.maxPayload() {
-		return Event{}, reject(ReasonPayloadTooLarge, "", "%d bytes, limit %d", len(payload), rules.maxPayload())
-	}
-	if len(bytes.TrimSpace(payload)) == 0 {
-		return Event{}, reject(ReasonMissingPayload, PayloadField, "payload is empty")
-	}
-	if !utf8.Valid(payload) {
-		return Event{}, reject(ReasonNotJSON, "", "payload is not valid UTF-8")
-	}
-	obj, err := decodeObject(payload)
+	obj, err := decodePayload(payload, rules)
 	if err != nil {
 		return Event{}, err
 	}

@@ -20,7 +20,7 @@ import (
 // MoveSchema moves only the tables of migrations applied in the schema it
 // moves from, so a team's own table that happens to share a name with a
 // later migration's (a refund_ledger of theirs) is never taken.
-var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", "webhook_events", "audit_stage", "audit_pending", "console_actions", "ledger_witness", "ledger_fence", "ledger_rollbacks", VersionTable}
+var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", "webhook_events", "audit_stage", "audit_pending", "console_actions", "ledger_witness", "ledger_fence", "ledger_rollbacks", "meter_events", "meter_inflight", VersionTable}
 
 // State is what Check read about a schema. Reading it writes nothing: not
 // even goose's version table, which goose itself creates on every call.
@@ -43,6 +43,7 @@ var tablesOf = map[string]int64{
 	"billing_records": 1, "spend_caps": 1, "audit_runs": 2, "audit_findings": 2,
 	"import_runs": 4, "imported_periods": 4, "refund_ledger": 5, "external_leases": 7, "webhook_events": 8, "audit_stage": 9,
 	"audit_pending": 9, "console_actions": 10, "ledger_witness": 12, "ledger_fence": 12, "ledger_rollbacks": 12,
+	"meter_events": 14, "meter_inflight": 14,
 }
 
 // ErrLegacyLedger is wrapped by State.Err when the ledger sits in another
@@ -175,9 +176,10 @@ func embedded() ([]Status, error) {
 
 // MoveSchema moves a ledger an earlier pelguard made in from (public) into
 // to, in one transaction: `ALTER TABLE … SET SCHEMA` for each of pelguard's
-// tables (their indexes and sequences go with them). It refuses unless from
-// holds pelguard's ledger and to holds none of pelguard's tables, so it can
-// never move a table of the team's.
+// tables (their indexes and sequences go with them) and each partition of
+// a partitioned one. It refuses unless from holds pelguard's ledger and to
+// holds none of pelguard's tables, so it can never move a table of the
+// team's.
 func MoveSchema(ctx context.Context, pool *pgxpool.Pool, from, to string) ([]string, error) {
 	for _, s := range []string{from, to} {
 		if err := pg.ValidSchema(s); err != nil {
@@ -222,8 +224,22 @@ func MoveSchema(ctx context.Context, pool *pgxpool.Pool, from, to string) ([]str
 		if !inFrom {
 			continue
 		}
-		if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, t}.Sanitize()+" SET SCHEMA "+pgx.Identifier{to}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("moving %s.%s: %w", from, t, err)
+		// A partitioned table's partitions (meter_events' days) are tables
+		// of their own: SET SCHEMA on the parent leaves them behind.
+		rows, err := tx.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
+			JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE i.inhparent = to_regclass($1) AND n.nspname = $2 ORDER BY 1`, pgx.Identifier{from, t}.Sanitize(), from)
+		if err != nil {
+			return nil, fmt.Errorf("listing the partitions of %s.%s: %w", from, t, err)
+		}
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("listing the partitions of %s.%s: %w", from, t, err)
+		}
+		for _, name := range append([]string{t}, parts...) {
+			if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{to}.Sanitize()); err != nil {
+				return nil, fmt.Errorf("moving %s.%s: %w", from, name, err)
+			}
 		}
 		moved = append(moved, t)
 	}

@@ -2,7 +2,9 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -177,5 +179,57 @@ func TestFindingConstraints(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, ins, "orphan_charge", "s4", "resolved", run, "the ledger now records it"); err != nil {
 		t.Errorf("a finding resolved by a run refused: %v", err)
+	}
+}
+
+// 00014: meter events. A row needs a partition (there is no default one);
+// the lease lives only while sending; delivered_at exactly when delivered;
+// a parked or failed event says why; one slot per customer and meter.
+func TestMeterConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	base := `INSERT INTO meter_events (event_ts, identifier, event_name, stripe_customer_id, value, status,
+		first_sent_at, epoch, lease_owner, lease_expires_at, delivered_at, last_error, created_at) VALUES `
+	row := func(ts, id, status, owner, exp, delivered, lastErr string) string {
+		return fmt.Sprintf(`('%s', '%s', 'api_requests', 'cus_1', 3, '%s', now(), 1, %s, %s, %s, %s, now())`, ts, id, status, owner, exp, delivered, lastErr)
+	}
+	if _, err := pool.Exec(ctx, base+row("2026-11-30 12:00+00", "pg_1", "sending", "NULL", "NULL", "NULL", "NULL")); err == nil {
+		t.Fatal("a row without a partition accepted")
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE meter_events_p20261130 PARTITION OF meter_events
+		FOR VALUES FROM ('2026-11-30 00:00+00') TO ('2026-12-01 00:00+00')`); err != nil {
+		t.Fatal(err)
+	}
+	ts := "2026-11-30 12:00+00"
+	bad := map[string]string{
+		"unknown status":          row(ts, "pg_1", "sent", "NULL", "NULL", "NULL", "NULL"),
+		"delivered holding lease": row(ts, "pg_1", "delivered", "'w'", "now()", "now()", "NULL"),
+		"owner without expiry":    row(ts, "pg_1", "sending", "'w'", "NULL", "NULL", "NULL"),
+		"delivered without time":  row(ts, "pg_1", "delivered", "NULL", "NULL", "NULL", "NULL"),
+		"sending with delivery":   row(ts, "pg_1", "sending", "NULL", "NULL", "now()", "NULL"),
+		"parked without reason":   row(ts, "pg_1", "parked", "NULL", "NULL", "NULL", "NULL"),
+		"failed without reason":   row(ts, "pg_1", "failed", "NULL", "NULL", "NULL", "NULL"),
+		"long identifier":         row(ts, strings.Repeat("i", 101), "sending", "NULL", "NULL", "NULL", "NULL"),
+		"next day's event":        row("2026-12-01 00:00+00", "pg_1", "sending", "NULL", "NULL", "NULL", "NULL"),
+	}
+	for name, vals := range bad {
+		if _, err := pool.Exec(ctx, base+vals); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := pool.Exec(ctx, base+row(ts, "pg_1", "delivered", "NULL", "NULL", "now()", "NULL")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, base+row(ts, "pg_1", "sending", "'w'", "now()", "NULL", "NULL")); err == nil {
+		t.Error("a second row of one identifier accepted")
+	}
+	slot := `INSERT INTO meter_inflight (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
+		VALUES ('cus_1', 'api_requests', $1, now(), 'w', now(), $2)`
+	if _, err := pool.Exec(ctx, slot, "pg_1", 7); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, slot, "pg_2", 8); err == nil {
+		t.Error("a second slot of one customer and meter accepted")
 	}
 }

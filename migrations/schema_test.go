@@ -78,7 +78,7 @@ func TestMigrationsNeverTouchTheTeamsTables(t *testing.T) {
 	assertTeamUntouched("migrate up")
 	after := snapshot(t, pool, pel)
 	for _, tbl := range migrations.Tables {
-		if !strings.Contains(after, pel+"."+tbl+":r:") {
+		if !strings.Contains(after, pel+"."+tbl+":r:") && !strings.Contains(after, pel+"."+tbl+":p:") {
 			t.Fatalf("%s.%s missing after up:\n%s", pel, tbl, after)
 		}
 	}
@@ -116,6 +116,16 @@ func TestLegacyLedgerIsRefusedThenMoved(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO spend_caps (billing_period, cap_cents) VALUES ('2026-11', 12345)`); err != nil {
 		t.Fatal(err)
 	}
+	// A partition of meter_events is a table of its own: it moves too.
+	for _, q := range []string{
+		`CREATE TABLE meter_events_p20261130 PARTITION OF meter_events FOR VALUES FROM ('2026-11-30 00:00+00') TO ('2026-12-01 00:00+00')`,
+		`INSERT INTO meter_events (event_ts, identifier, event_name, stripe_customer_id, value, first_sent_at, epoch, created_at)
+			VALUES ('2026-11-30 12:00+00', 'pg_1', 'api_requests', 'cus_1', 3, now(), 1, now())`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 
 	st, err := migrations.Check(ctx, pool, pel)
 	if err != nil {
@@ -147,8 +157,12 @@ func TestLegacyLedgerIsRefusedThenMoved(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT cap_cents FROM `+pel+`.spend_caps WHERE billing_period = '2026-11'`).Scan(&cents); err != nil || cents != 12345 {
 		t.Fatalf("the cap did not move with its table: %d %v", cents, err)
 	}
-	if got := snapshot(t, pool, old); strings.Contains(got, ".billing_records") {
+	if got := snapshot(t, pool, old); strings.Contains(got, ".billing_records") || strings.Contains(got, ".meter_events") {
 		t.Fatalf("the old schema still has a ledger:\n%s", got)
+	}
+	var value int64
+	if err := pool.QueryRow(ctx, `SELECT value FROM `+pel+`.meter_events_p20261130`).Scan(&value); err != nil || value != 3 {
+		t.Fatalf("the partition did not move with its table: %d %v", value, err)
 	}
 
 	// A team's billing_records (and a leftover version table with nothing

@@ -1,0 +1,254 @@
+package meterledger
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pelguard/pelguard/event"
+)
+
+// Decision is what Reserve decided for one event.
+type Decision int
+
+const (
+	// Acquired: a new row (sending, epoch above the floor) and the
+	// customer's meter slot are the caller's: send the event.
+	Acquired Decision = iota + 1
+	// TakenOver: the row's last holder left it with an unknown outcome
+	// (lease expired or released) within the safe window of its first
+	// attempt: the caller holds a new epoch and the slot, and sends again
+	// under the same identifier (Stripe refuses it as a duplicate if the
+	// first attempt got through: record that as delivered).
+	TakenOver
+	// AlreadyDelivered: recorded as delivered: ack, never send (any age).
+	AlreadyDelivered
+	// AlreadyTerminal: parked or failed before: not sent; ack (the row
+	// says why, and the first time was alerted or dead-lettered).
+	AlreadyTerminal
+	// Busy: another holder has a live lease on the row (or another copy of
+	// the event in this batch is being sent, or the row changed while this
+	// call decided): leave the entry pending.
+	Busy
+	// SlotBusy: another event of the same customer and meter is in flight
+	// (Stripe allows one concurrent call per customer per meter): leave the
+	// entry pending and try again shortly.
+	SlotBusy
+	// Parked: this call parked the row: its outcome is unknown and Stripe
+	// may no longer guard its identifier (past the safe window of its first
+	// attempt), or Stripe would refuse its timestamp. Not sent; alert and
+	// ack. A person decides (Record.LastError says why).
+	Parked
+	// Held: the ledger is suspect (a rollback not yet repaired may have
+	// lost delivered rows) and the event, new to the ledger, is older than
+	// the safe window: it may be a lost delivered row that Stripe no longer
+	// guards. Nothing is written and nothing sent: leave the entry pending
+	// (or dead-letter it for a replay). Delivered again once the rollback
+	// is repaired, it is sent: a real backfill is counted then.
+	Held
+	// OutsideWindow: no row, and Stripe would refuse the timestamp (older
+	// than 35 days, or more than 5 minutes ahead): dead-letter it.
+	OutsideWindow
+	// Conflict: a row with this identifier records another meter, customer
+	// or value (an event id re-used for another event): not the event
+	// that was sent; dead-letter it for a human.
+	Conflict
+)
+
+var decisionNames = map[Decision]string{Acquired: "acquired", TakenOver: "taken_over", AlreadyDelivered: "already_delivered",
+	AlreadyTerminal: "already_terminal", Busy: "busy", SlotBusy: "slot_busy", Parked: "parked", Held: "held",
+	OutsideWindow: "outside_window", Conflict: "conflict"}
+
+func (d Decision) String() string {
+	if s, ok := decisionNames[d]; ok {
+		return s
+	}
+	return fmt.Sprintf("decision(%d)", int(d))
+}
+
+// MaySend reports whether the caller now holds the lease and the slot.
+func (d Decision) MaySend() bool { return d == Acquired || d == TakenOver }
+
+// Request asks to send one event.
+type Request struct {
+	Event      event.MeterEvent
+	Identifier string        // Event.Identifier(namespace)
+	Owner      string        // consumer name; recorded for operators
+	Lease      time.Duration // lease and slot last this long without a heartbeat
+	MessageID  string        // stream entry id, for operators only
+	// Suspect: the ledger may have lost rows (consumer.LedgerWitness.Suspect()):
+	// a new event older than the safe window is Held, not sent.
+	Suspect bool
+}
+
+// Claim is Reserve's answer for one request.
+type Claim struct {
+	Decision Decision
+	// Record is the row as it now stands (zero when there is none: Held,
+	// OutsideWindow, SlotBusy or Busy on a new event).
+	Record Record
+	// Reason explains Parked, Held, OutsideWindow, Conflict, Busy and SlotBusy.
+	Reason    string
+	slotToken int64
+}
+
+// Hold is what a holder presents to Finish and ExtendMany: the row's epoch
+// and owner, and the slot's grant.
+type Hold struct {
+	Key
+	StripeCustomerID string
+	EventName        string
+	Epoch            int64
+	Owner            string
+	SlotToken        int64
+}
+
+// Hold is the claim's hold (meaningful when Decision.MaySend).
+func (c Claim) Hold() Hold {
+	r := c.Record
+	return Hold{Key: r.Key, StripeCustomerID: r.StripeCustomerID, EventName: r.EventName, Epoch: r.Epoch,
+		Owner: r.LeaseOwner, SlotToken: c.slotToken}
+}
+
+// slot is a meter_inflight row as Reserve read it (token 0: none).
+type slot struct {
+	Identifier string
+	Owner      string
+	ExpiresAt  time.Time
+	Token      int64
+}
+
+// decideRow decides from the event's row alone (nil: none), at now.
+func decideRow(now time.Time, safe time.Duration, req Request, key Key, row *Record) (Decision, string) {
+	ev := req.Event
+	stripeTakes := event.MeterTimestampOK(key.EventTS, now)
+	if row == nil {
+		switch {
+		case !stripeTakes:
+			return OutsideWindow, fmt.Sprintf("timestamp %s is outside what Stripe takes at %s (35 days old to 5 minutes ahead): not sent",
+				key.EventTS.Format(time.RFC3339), now.Format(time.RFC3339))
+		case req.Suspect && now.Sub(key.EventTS) >= safe:
+			return Held, fmt.Sprintf("the ledger may have lost rows (unrepaired rollback) and the event is %s old, past the safe window: "+
+				"it may have been delivered more than Stripe's identifier window ago; not sent until the rollback is repaired", now.Sub(key.EventTS).Round(time.Minute))
+		}
+		return Acquired, ""
+	}
+	switch {
+	case row.EventName != ev.EventName || row.StripeCustomerID != ev.StripeCustomerID || row.Value != ev.Value:
+		// Before the terminal states: acking another event as "already
+		// delivered" would drop it silently.
+		return Conflict, fmt.Sprintf("identifier %s was recorded for %s/%s value %d, this event is %s/%s value %d",
+			key.Identifier, row.EventName, row.StripeCustomerID, row.Value, ev.EventName, ev.StripeCustomerID, ev.Value)
+	case row.Status == StatusDelivered:
+		return AlreadyDelivered, ""
+	case row.Status != StatusSending:
+		return AlreadyTerminal, row.LastError
+	case row.LeaseLive(now):
+		// Even for our own name: a pinned name may run twice by mistake.
+		return Busy, fmt.Sprintf("leased by %s until %s", row.LeaseOwner, row.LeaseExpiresAt.Format(time.RFC3339))
+	case !stripeTakes:
+		return Parked, "unknown outcome and the timestamp is past Stripe's 35 days: Stripe would refuse it; not re-sent"
+	case now.Sub(row.FirstSentAt) >= safe:
+		return Parked, fmt.Sprintf("unknown outcome older than Stripe's identifier window: not re-sent (first attempt %s, %s ago)",
+			row.FirstSentAt.Format(time.RFC3339), now.Sub(row.FirstSentAt).Round(time.Minute))
+	}
+	return TakenOver, ""
+}
+
+// op is the write Reserve makes for one request.
+type op int
+
+const (
+	opNone     op = iota
+	opInsert      // a new row, with the slot
+	opTakeOver    // the row's next epoch, with the slot
+	opPark        // the row parked; its stale slot freed
+	opFree        // only the event's stale slot freed
+)
+
+// item is one request on its way through Reserve.
+type item struct {
+	i       int
+	req     Request
+	key     Key
+	row     *Record
+	slot    slot
+	claim   Claim
+	op      op
+	newTok  int64 // the slot grant this send makes
+	freeTok int64 // the stale grant this call frees (0: none)
+}
+
+type slotKey struct{ customer, meter string }
+
+// plan gives each sending decision the customer's meter slot, or turns it
+// into SlotBusy: one event per (customer, meter) per batch, and only where
+// the slot is free, expired, or a stale grant of the same event being taken
+// over. Takeovers go first (their window runs), then the oldest events.
+// Copies of one event: the first decides, the rest follow it (Busy if it
+// sends). Decisions that end an event free its stale slot. token makes new
+// grants.
+func plan(now time.Time, items []*item, token func() int64) {
+	order := slices.Clone(items)
+	slices.SortStableFunc(order, func(a, b *item) int {
+		return cmp.Or(cmp.Compare(rank(a.claim.Decision), rank(b.claim.Decision)),
+			a.key.EventTS.Compare(b.key.EventTS), cmp.Compare(a.key.Identifier, b.key.Identifier), cmp.Compare(a.i, b.i))
+	})
+	first := map[Key]*item{}
+	taken := map[slotKey]bool{}
+	for _, it := range order {
+		if f, dup := first[it.key]; dup {
+			it.claim = f.claim
+			if f.claim.Decision.MaySend() || f.op == opPark {
+				it.claim = Claim{Decision: Busy, Record: f.claim.Record, Reason: "another copy of the event in this batch is being handled"}
+			}
+			continue
+		}
+		first[it.key] = it
+		sk := slotKey{it.req.Event.StripeCustomerID, it.req.Event.EventName}
+		switch d := it.claim.Decision; {
+		case d.MaySend():
+			s := it.slot
+			free := s.Token == 0 || !s.ExpiresAt.After(now) || (d == TakenOver && s.Identifier == it.key.Identifier)
+			if taken[sk] || !free {
+				holder := s.Identifier
+				if taken[sk] {
+					holder = "another event of this batch"
+				}
+				it.claim = Claim{Decision: SlotBusy, Record: it.claim.Record,
+					Reason: fmt.Sprintf("%s/%s is in flight with %s", sk.customer, sk.meter, holder)}
+				continue
+			}
+			taken[sk] = true
+			it.op, it.newTok = opInsert, token()
+			if d == TakenOver {
+				it.op = opTakeOver
+			}
+		case d == Parked:
+			it.op = opPark
+		}
+	}
+	// Stale slots of ended events, unless a send of this batch takes them.
+	for _, it := range items {
+		sk := slotKey{it.req.Event.StripeCustomerID, it.req.Event.EventName}
+		ended := it.op == opPark || it.claim.Decision == AlreadyDelivered || it.claim.Decision == AlreadyTerminal
+		if ended && it.slot.Token != 0 && it.slot.Identifier == it.key.Identifier && !taken[sk] && first[it.key] == it {
+			taken[sk] = true
+			it.freeTok = it.slot.Token
+			if it.op == opNone {
+				it.op = opFree
+			}
+		}
+	}
+}
+
+func rank(d Decision) int {
+	switch d {
+	case TakenOver:
+		return 0
+	case Acquired:
+		return 1
+	}
+	return 2
+}

@@ -1,0 +1,306 @@
+package meterledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+const (
+	// firstEpoch is a new row's epoch, nextEpoch a takeover's: above the
+	// ledger's epoch floor (raised past every epoch a lost history could
+	// have handed out), as billing_records' are.
+	firstEpoch = `(` + ledger.EpochFloorSQL + ` + 1)`
+	nextEpoch  = `(greatest(m.epoch, ` + ledger.EpochFloorSQL + `) + 1)`
+)
+
+// Reserve decides a batch of events (a consumer's XREADGROUP page) in two
+// statements: one reads every row and slot, the second writes every
+// decision (new rows, takeovers, parks, slots; and the witness when it
+// parks). Each statement is a transaction of its own, and the second
+// checks that nothing it decided from changed (the row's epoch and lease,
+// the slot's grant): an event whose state moved in between is answered
+// Busy or SlotBusy, never sent twice. claims[i] answers reqs[i].
+//
+// Only Acquired and TakenOver may send; their Hold goes to Finish, and to
+// ExtendMany until then. Stripe's one-call-per-customer-per-meter rule: of
+// the events of one customer and meter, at most one holds the slot at a
+// time, here or anywhere in the fleet; the others are SlotBusy.
+func (l *Ledger) Reserve(ctx context.Context, reqs []Request) ([]Claim, error) {
+	for _, r := range reqs {
+		ev := r.Event
+		if r.Owner == "" || r.Lease <= 0 || r.Identifier == "" || len(r.Identifier) > stripeapi.MeterIdentifierMaxLen ||
+			ev.EventName == "" || ev.StripeCustomerID == "" || ev.Timestamp.IsZero() {
+			return nil, fmt.Errorf("meter ledger: Reserve needs an owner, a positive lease, an identifier of 1-%d bytes "+
+				"and an event name, Stripe customer and timestamp (identifier %q)", stripeapi.MeterIdentifierMaxLen, r.Identifier)
+		}
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	now := l.clock.Now().UTC().Truncate(time.Microsecond)
+	claims, err := l.reserve(ctx, reqs, now)
+	if retryable(err) {
+		// A deadlock between two batches' slot locks, or a partition that
+		// went missing: decide again from a fresh read, once.
+		claims, err = l.reserve(ctx, reqs, now)
+	}
+	return claims, err
+}
+
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001" || noPartition(pe))
+}
+
+// noPartition: a row that no partition takes (23514 without a constraint).
+func noPartition(pe *pgconn.PgError) bool { return pe.Code == "23514" && pe.ConstraintName == "" }
+
+func (l *Ledger) reserve(ctx context.Context, reqs []Request, now time.Time) ([]Claim, error) {
+	items, err := l.read(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	l.decide(now, items)
+	writes, needParts := 0, false
+	for _, it := range items {
+		if it.op != opNone {
+			writes++
+		}
+		needParts = needParts || (it.op == opInsert && !l.ensured(it.key.EventTS))
+	}
+	if writes > 0 {
+		if needParts {
+			if _, err := l.EnsurePartitions(ctx, now); err != nil {
+				return nil, err
+			}
+		}
+		if err := l.write(ctx, items, now); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && noPartition(pe) {
+				l.forgetPartitions()
+			}
+			return nil, err
+		}
+	}
+	claims := make([]Claim, len(items))
+	for _, it := range items {
+		claims[it.i] = it.claim
+	}
+	return claims, nil
+}
+
+// decide makes every item's decision and write plan from what read found.
+func (l *Ledger) decide(now time.Time, items []*item) {
+	for _, it := range items {
+		it.claim.Decision, it.claim.Reason = decideRow(now, l.safe, it.req, it.key, it.row)
+		if it.row != nil {
+			it.claim.Record = *it.row
+		}
+	}
+	plan(now, items, newToken)
+}
+
+func newToken() int64 {
+	for {
+		if t := rand.Int64(); t != 0 {
+			return t
+		}
+	}
+}
+
+// read loads every request's row and its customer's meter slot.
+func (l *Ledger) read(ctx context.Context, reqs []Request) ([]*item, error) {
+	n := len(reqs)
+	items := make([]*item, n)
+	ts, ids, scs, names := make([]time.Time, n), make([]string, n), make([]string, n), make([]string, n)
+	for i, r := range reqs {
+		items[i] = &item{i: i, req: r, key: KeyOf(r.Event, r.Identifier)}
+		ts[i], ids[i], scs[i], names[i] = items[i].key.EventTS, r.Identifier, r.Event.StripeCustomerID, r.Event.EventName
+	}
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+`,
+			coalesce(s.identifier, ''), coalesce(s.owner, ''), s.expires_at, coalesce(s.token, 0), r.i
+		FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS r(ts, id, sc, name, i)
+		LEFT JOIN {schema}.meter_events m ON m.event_ts = r.ts AND m.identifier = r.id AND m.event_ts = ANY($1)
+		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = r.sc AND s.event_name = r.name`,
+		ts, ids, scs, names)
+	if err != nil {
+		return nil, fmt.Errorf("reading %d meter events: %w", n, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s slot
+		var exp *time.Time
+		var i int
+		rec, found, err := scanRecord(rows, &s.Identifier, &s.Owner, &exp, &s.Token, &i)
+		if err != nil {
+			return nil, fmt.Errorf("scanning meter event: %w", err)
+		}
+		s.ExpiresAt = utc(exp)
+		it := items[i-1]
+		it.slot = s
+		if found {
+			it.row = &rec
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading %d meter events: %w", n, err)
+	}
+	return items, nil
+}
+
+// write makes every planned write in one statement. Slots are locked in
+// (customer, meter) order before rows, as Finish does, and each write
+// checks the state it was decided from: the slot's grant (cas), the row's
+// epoch and dead lease.
+func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error {
+	var idx, ops []int32
+	var ts, exp []time.Time
+	var ids, names, scs, custs, owners, msgs, reasons []string
+	var vals, epochs, cas, toks []int64
+	for _, it := range items {
+		if it.op == opNone {
+			continue
+		}
+		ev := it.req.Event
+		c := it.freeTok // park, free: the stale grant to delete
+		if it.op == opInsert || it.op == opTakeOver {
+			c = it.slot.Token // the grant to replace; 0: none seen, insert one
+		}
+		idx, ops = append(idx, int32(it.i)), append(ops, int32(it.op))
+		ts, exp = append(ts, it.key.EventTS), append(exp, now.Add(it.req.Lease))
+		ids, names, scs, custs = append(ids, it.key.Identifier), append(names, ev.EventName), append(scs, ev.StripeCustomerID), append(custs, ev.CustomerID)
+		owners, msgs, reasons = append(owners, it.req.Owner), append(msgs, it.req.MessageID), append(reasons, it.claim.Reason)
+		vals, epochs, cas, toks = append(vals, ev.Value), append(epochs, it.claim.Record.Epoch), append(cas, c), append(toks, it.newTok)
+	}
+	rows, err := l.pool.Query(ctx, reserveSQL, idx, ops, ts, ids, names, scs, custs, vals, owners, exp, msgs,
+		epochs, cas, toks, reasons, now, l.writer())
+	if err != nil {
+		return fmt.Errorf("recording %d meter event decisions: %w", len(idx), err)
+	}
+	defer rows.Close()
+	var seq *int64
+	var leaked []*item
+	for rows.Next() {
+		var i int
+		var got bool
+		rec, found, err := scanRecord(rows, &i, &got, &seq)
+		if err != nil {
+			return fmt.Errorf("scanning meter event decision: %w", err)
+		}
+		it := items[i]
+		switch {
+		case found && it.op == opInsert:
+			it.claim = Claim{Decision: Acquired, Record: rec, slotToken: it.newTok}
+		case found && it.op == opTakeOver:
+			it.claim = Claim{Decision: TakenOver, Record: rec, slotToken: it.newTok}
+		case found && it.op == opPark:
+			it.claim = Claim{Decision: Parked, Record: rec, Reason: it.claim.Reason}
+		case it.op == opInsert || it.op == opTakeOver:
+			if got { // the row moved on after the read: give the grant back
+				leaked = append(leaked, it)
+				it.claim = Claim{Decision: Busy, Record: it.claim.Record, Reason: "the event's row changed while this batch was decided"}
+			} else {
+				it.claim = Claim{Decision: SlotBusy, Record: it.claim.Record, Reason: "the customer's meter slot was taken while this batch was decided"}
+			}
+		case it.op == opPark:
+			it.claim = Claim{Decision: Busy, Record: it.claim.Record, Reason: "the event's row changed while this batch was decided"}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("recording %d meter event decisions: %w", len(idx), err)
+	}
+	if seq != nil && *seq > 0 {
+		l.witness.Committed(*seq)
+	}
+	// The decisions are committed and stand; a grant not given back expires
+	// with the lease it was made for, so a failure here only delays the
+	// customer's meter.
+	_ = l.giveBack(ctx, leaked)
+	return nil
+}
+
+// giveBack frees grants made for sends whose row write did not happen (a
+// rare race with another reservation of the same event), so the customer's
+// meter is not blocked until the grant expires.
+func (l *Ledger) giveBack(ctx context.Context, leaked []*item) error {
+	if len(leaked) == 0 {
+		return nil
+	}
+	scs, names, toks := make([]string, len(leaked)), make([]string, len(leaked)), make([]int64, len(leaked))
+	for i, it := range leaked {
+		scs[i], names[i], toks[i] = it.req.Event.StripeCustomerID, it.req.Event.EventName, it.newTok
+	}
+	if _, err := l.pool.Exec(ctx, `DELETE FROM {schema}.meter_inflight s
+		USING unnest($1::text[], $2::text[], $3::bigint[]) AS u(sc, name, tok)
+		WHERE s.stripe_customer_id = u.sc AND s.event_name = u.name AND s.token = u.tok`, scs, names, toks); err != nil {
+		return fmt.Errorf("freeing %d unused meter slots: %w", len(leaked), err)
+	}
+	return nil
+}
+
+// reserveSQL: $1 request index, $2 op, $3… the event; $12 the epoch read,
+// $13 the slot grant read (0: none seen), $14 the new grant, $15 the
+// park's reason, $16 now, $17 the witness' writer (empty: none).
+var reserveSQL = `
+WITH a AS (
+	SELECT * FROM unnest($1::int[], $2::int[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::text[],
+		$8::bigint[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::text[])
+		AS a(i, op, ts, id, name, sc, cust, val, owner, exp, msg, seen_epoch, cas, tok, reason)
+), locked AS (
+	SELECT s.stripe_customer_id AS sc, s.event_name AS name FROM {schema}.meter_inflight s
+	JOIN a ON s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
+	WHERE a.cas <> 0 ORDER BY 1, 2 FOR UPDATE OF s
+), slot_ins AS (
+	INSERT INTO {schema}.meter_inflight (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
+	SELECT a.sc, a.name, a.id, a.ts, a.owner, a.exp, a.tok FROM a WHERE a.op IN (1, 2) AND a.cas = 0 ORDER BY a.sc, a.name
+	ON CONFLICT DO NOTHING RETURNING token
+), slot_cas AS (
+	UPDATE {schema}.meter_inflight s SET identifier = a.id, event_ts = a.ts, owner = a.owner, expires_at = a.exp, token = a.tok
+	FROM a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
+	WHERE a.op IN (1, 2) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
+	RETURNING s.token
+), slot_free AS (
+	DELETE FROM {schema}.meter_inflight s USING a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
+	WHERE a.op IN (3, 4) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
+), got AS (
+	SELECT token FROM slot_ins UNION ALL SELECT token FROM slot_cas
+), ins AS (
+	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
+		first_sent_at, attempts, epoch, lease_owner, lease_expires_at, stream_message_id, created_at)
+	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'sending', $16, 1, ` + firstEpoch + `, a.owner, a.exp,
+		nullif(a.msg, ''), $16
+	FROM a JOIN got ON got.token = a.tok WHERE a.op = 1 ORDER BY a.ts, a.id
+	ON CONFLICT DO NOTHING RETURNING *
+), take AS (
+	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, lease_owner = a.owner,
+		lease_expires_at = a.exp, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id)
+	FROM a JOIN got ON got.token = a.tok
+	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
+		AND m.status = 'sending' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
+	RETURNING m.*
+), park AS (
+	UPDATE {schema}.meter_events m SET status = 'parked', lease_owner = NULL, lease_expires_at = NULL, last_error = a.reason
+	FROM a
+	WHERE a.op = 3 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
+		AND m.status = 'sending' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
+	RETURNING m.*
+), bump AS (
+	-- ledger.BumpWitness's statement: a park is acked, so it is witnessed.
+	INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at)
+	SELECT $17, 1, $16 WHERE $17 <> '' AND EXISTS (SELECT 1 FROM park)
+	ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $16
+	RETURNING seq
+)
+SELECT ` + cols("w") + `, a.i, got.token IS NOT NULL, (SELECT seq FROM bump)
+FROM a
+LEFT JOIN got ON got.token = a.tok
+LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM park) w
+	ON w.event_ts = a.ts AND w.identifier = a.id`
