@@ -108,6 +108,10 @@ func (d DB) qualify(table pgx.Identifier) pgx.Identifier {
 	return table
 }
 
+// WrapTx makes a transaction begun elsewhere (on a bare connection) put
+// the schema in its statements, as Begin's do.
+func (d DB) WrapTx(tx pgx.Tx) pgx.Tx { return Tx{Tx: tx, db: d} }
+
 // Tx is a transaction of a DB: its statements get the schema as well.
 type Tx struct {
 	pgx.Tx

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/meterledger"
 )
 
 // querier is a connection (a new one, in AfterConnect) or the pool. Every
@@ -282,7 +283,11 @@ func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) 
 			(SELECT coalesce(max(epoch), 0) FROM {schema}.external_leases))`)).Scan(&live); err != nil {
 		return fmt.Errorf("reading the live epochs: %w", err)
 	}
-	floor = max(floor+fenceStride, live+1)
+	meterLive, err := meterledger.MaxLiveEpoch(ctx, m.db.WrapTx(tx))
+	if err != nil {
+		return fmt.Errorf("reading the live meter event epochs: %w", err)
+	}
+	floor = max(floor+fenceStride, live+1, meterLive+1)
 	if _, err := tx.Exec(ctx, sql(`UPDATE {schema}.ledger_fence SET epoch_floor = $1, updated_at = $2`), floor, now); err != nil {
 		return fmt.Errorf("raising the epoch floor: %w", err)
 	}
@@ -299,6 +304,11 @@ func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) 
 		}
 		fenced += tag.RowsAffected()
 	}
+	meterFenced, err := meterledger.Fence(ctx, m.db.WrapTx(tx), floor)
+	if err != nil {
+		return fmt.Errorf("fencing the meter events after a rollback: %w", err)
+	}
+	fenced += meterFenced
 	for _, l := range losses {
 		if _, err := tx.Exec(ctx, sql(`INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, $2, $3)
 			ON CONFLICT (writer) DO UPDATE SET seq = greatest(w.seq, excluded.seq)`), l.Writer, l.Witnessed, now); err != nil {

@@ -1,0 +1,367 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+// Usage to Stripe Billing Meters (DESIGN.md "Usage to Stripe Billing
+// Meters"): each stream entry is one meter event, sent to Stripe under an
+// identifier derived from its business fields, reserved in the meter
+// ledger before the call and recorded there before the XACK, one call at a
+// time per customer and meter across the fleet. Stripe counts each event
+// once: a redelivery of a delivered event is acked without a call, an
+// unknown outcome is re-sent under the same identifier only while Stripe
+// still guards it, and parked past that.
+
+// MeterSender is the part of the Stripe adapter the meter consumer needs;
+// *stripeapi.Client has it.
+type MeterSender interface {
+	SendMeterEvent(ctx context.Context, ev stripeapi.MeterEvent) (stripeapi.MeterEventResult, error)
+}
+
+// MeterConfig configures a MeterConsumer.
+type MeterConfig struct {
+	Redis  redis.UniversalClient // required
+	DB     *pgxpool.Pool         // required
+	Schema string                // default "pelguard"
+	Stripe MeterSender           // required
+	Stream string                // required
+	Group  string                // required
+	// Name is the consumer name; empty: UniqueName().
+	Name      string
+	Namespace string        // in every identifier; default DefaultNamespace
+	Count     int64         // entries per read (and per ledger batch); default 100
+	Block     time.Duration // XREADGROUP BLOCK; default DefaultBlock
+	Workers   int           // Stripe calls at once; default 16
+	Lease     time.Duration // lease and customer-meter slot; default DefaultLease
+	Rules     event.MeterRules
+	// SafeWindow: an unknown outcome is re-sent only this long after the
+	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
+	SafeWindow time.Duration
+	Witness    LedgerWitness // see Config.Witness
+	Notifier   alerts.Notifier
+	Logger     *slog.Logger
+	Clock      clock.Clock
+}
+
+func (c *MeterConfig) setDefaults() {
+	c.Name = cmp.Or(c.Name, UniqueName())
+	c.Namespace = cmp.Or(c.Namespace, DefaultNamespace)
+	c.Count = cmp.Or(c.Count, 100)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.Workers = cmp.Or(c.Workers, 16)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Notifier == nil {
+		c.Notifier = alerts.NewLog(c.Logger)
+	}
+	if c.Witness == nil {
+		c.Witness = noWitness{}
+	}
+	c.Clock = clock.Or(c.Clock)
+}
+
+// MeterConsumer sends a stream's meter events to Stripe, each counted once.
+type MeterConsumer struct {
+	cfg    MeterConfig
+	ledger *meterledger.Ledger
+}
+
+// NewMeterConsumer checks cfg and returns a consumer; Run drives it.
+func NewMeterConsumer(cfg MeterConfig) (*MeterConsumer, error) {
+	cfg.setDefaults()
+	if cfg.Redis == nil || cfg.DB == nil || cfg.Stripe == nil || cfg.Stream == "" || cfg.Group == "" {
+		return nil, errors.New("consumer: a meter consumer needs Redis, DB, Stripe, Stream and Group")
+	}
+	l, err := meterledger.New(cfg.DB, meterledger.Config{Schema: cfg.Schema, Clock: cfg.Clock, SafeWindow: cfg.SafeWindow})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	if _, ok := cfg.Witness.(noWitness); !ok {
+		l.SetWitness(cfg.Witness)
+	}
+	return &MeterConsumer{cfg: cfg, ledger: l}, nil
+}
+
+// Name is the consumer's name in the group.
+func (c *MeterConsumer) Name() string { return c.cfg.Name }
+
+// MeterBatch counts what one ProcessBatch did.
+type MeterBatch struct {
+	Delivered   int // sent and recorded (or found delivered by an earlier attempt)
+	Already     int // delivered before: acked without a call
+	DeadLetters int // invalid, refused by Stripe, outside Stripe's window, conflicting
+	Parked      int // unknown outcome past the window: not re-sent, alerted
+	Left        int // left pending: busy, its customer's meter slot taken, held, or a transient outcome
+}
+
+// Run reads and processes until ctx ends: its own pending entries first
+// (a restart, entries left by an earlier batch), then new ones.
+func (c *MeterConsumer) Run(ctx context.Context) error {
+	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
+		return err
+	}
+	own := "0" // our PEL first, then ">"
+	lastOwn := time.Now()
+	for ctx.Err() == nil {
+		res, err := c.cfg.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: c.cfg.Group, Consumer: c.cfg.Name,
+			Streams: []string{c.cfg.Stream, own}, Count: c.cfg.Count, Block: c.cfg.Block}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.cfg.Logger.Warn("reading meter events", "stream", c.cfg.Stream, "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		var msgs []redis.XMessage
+		for _, s := range res {
+			msgs = append(msgs, s.Messages...)
+		}
+		if own == "0" && len(msgs) == 0 {
+			own, lastOwn = ">", time.Now()
+			continue
+		}
+		if len(msgs) > 0 {
+			b, err := c.ProcessBatch(ctx, msgs)
+			if err != nil && ctx.Err() == nil {
+				c.cfg.Logger.Warn("processing meter events", "stream", c.cfg.Stream, "err", err)
+				sleep(ctx, time.Second)
+			}
+			if own == "0" && b.Left == len(msgs) {
+				// Nothing of ours moved (slots taken, holders live):
+				// read new entries and come back to these shortly.
+				own = ">"
+			}
+		}
+		// Entries left pending (a slot taken, a transient error) are
+		// ours: go back to them every half second.
+		if own == ">" && time.Since(lastOwn) > 500*time.Millisecond {
+			own, lastOwn = "0", time.Now()
+		}
+		if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Warn("creating meter event partitions", "err", err)
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// pendingMsg is one entry of a batch on its way through.
+type pendingMsg struct {
+	msg   redis.XMessage
+	req   meterledger.Request
+	claim meterledger.Claim
+	out   meterledger.Outcome
+}
+
+// ProcessBatch handles entries of the stream (new, redelivered or
+// reclaimed): validation, one Reserve for the batch, the Stripe calls (at
+// most Workers at once, one per customer and meter), one Finish, then the
+// witness's mirror, the acks and the dead letters. Entries it leaves
+// pending are redelivered.
+func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage) (MeterBatch, error) {
+	var b MeterBatch
+	now := c.cfg.Clock.Now()
+	var dead []Dead
+	var reqs []meterledger.Request
+	var items []*pendingMsg
+	for _, m := range msgs {
+		ev, err := event.ParseMeterFields(m.Values, c.cfg.Rules, now)
+		if err != nil {
+			var re *event.RejectError
+			if !errors.As(err, &re) {
+				return b, err
+			}
+			dead = append(dead, Dead{Msg: m, Reason: re.Reason, Detail: re.Error()})
+			continue
+		}
+		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
+			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect()}
+		reqs = append(reqs, r)
+		items = append(items, &pendingMsg{msg: m, req: r})
+	}
+	claims, err := c.ledger.Reserve(ctx, reqs)
+	if err != nil {
+		return b, fmt.Errorf("reserving %d meter events: %w", len(reqs), err)
+	}
+	var acks []string
+	var send []*pendingMsg
+	for i, cl := range claims {
+		it := items[i]
+		it.claim = cl
+		switch cl.Decision {
+		case meterledger.Acquired, meterledger.TakenOver:
+			send = append(send, it)
+		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
+			b.Already++
+			acks = append(acks, it.msg.ID)
+		case meterledger.Parked:
+			b.Parked++
+			c.alertParked(it.req, cl.Reason)
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
+		case meterledger.OutsideWindow:
+			dead = append(dead, Dead{Msg: it.msg, Reason: event.ReasonTimestampOutside, Detail: cl.Reason})
+		case meterledger.Conflict:
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonConflict, Detail: cl.Reason})
+		default: // Busy, SlotBusy, Held
+			b.Left++
+		}
+	}
+	c.sendAll(ctx, send)
+	outs := make([]meterledger.Outcome, len(send))
+	for i, it := range send {
+		outs[i] = it.out
+	}
+	recorded, err := c.ledger.Finish(context.WithoutCancel(ctx), outs)
+	if err != nil {
+		return b, fmt.Errorf("recording %d meter events: %w", len(outs), err)
+	}
+	for i, it := range send {
+		switch {
+		case !recorded[i] || it.out.Result == meterledger.Release:
+			b.Left++ // lost its lease, or a transient outcome: the next delivery decides
+		case it.out.Result == meterledger.Delivered:
+			b.Delivered++
+			acks = append(acks, it.msg.ID)
+		case it.out.Result == meterledger.Failed:
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
+		case it.out.Result == meterledger.Park:
+			b.Parked++
+			c.alertParked(it.req, it.out.Reason)
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason})
+		}
+	}
+	return b, c.settle(ctx, acks, dead, &b)
+}
+
+// Dead-letter reasons of the meter consumer.
+const (
+	// ReasonMeterRefused: Stripe refused the event for good (an unknown
+	// meter, a value or timestamp it does not take).
+	ReasonMeterRefused = "meter_event_refused"
+	// ReasonMeterParked: its outcome is unknown and Stripe may no longer
+	// guard its identifier: not re-sent; a person decides.
+	ReasonMeterParked = "meter_event_parked"
+)
+
+// sendAll makes the Stripe calls, Workers at once, renewing the leases and
+// slots of those in flight every Lease/3.
+func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
+	if len(send) == 0 {
+		return
+	}
+	hctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go c.heartbeat(hctx, send)
+	slots := make(chan struct{}, c.cfg.Workers)
+	var wg sync.WaitGroup
+	for _, it := range send {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			r := it.req
+			_, err := c.cfg.Stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: r.Event.EventName,
+				StripeCustomerID: r.Event.StripeCustomerID, Value: r.Event.Value, Identifier: r.Identifier, Timestamp: r.Event.Timestamp})
+			it.out = meterOutcome(it.claim.Hold(), err)
+		}()
+	}
+	wg.Wait()
+}
+
+// meterOutcome is the outcome table of a meter event's call.
+func meterOutcome(h meterledger.Hold, err error) meterledger.Outcome {
+	out := meterledger.Outcome{Hold: h}
+	switch {
+	case err == nil, errors.Is(err, stripeapi.ErrDuplicateIdentifier):
+		// A duplicate refusal: an earlier attempt got through and Stripe
+		// counts it. Delivered.
+		out.Result = meterledger.Delivered
+	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
+		out.Result, out.Reason = meterledger.Park, "Stripe has this identifier with other parameters: "+err.Error()
+	case errors.Is(err, stripeapi.ErrInvalidRequest):
+		out.Result, out.Reason = meterledger.Failed, err.Error()
+	default: // transient, a timeout, a cancelled call: unknown outcome
+		out.Result = meterledger.Release
+		if err != nil {
+			out.Reason = err.Error()
+		}
+	}
+	return out
+}
+
+func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
+	holds := make([]meterledger.Hold, len(send))
+	for i, it := range send {
+		holds[i] = it.claim.Hold()
+	}
+	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := c.ledger.ExtendMany(ctx, holds, c.cfg.Lease); err != nil && ctx.Err() == nil {
+				c.cfg.Logger.Warn("renewing meter event leases", "err", err)
+			}
+		}
+	}
+}
+
+// settle mirrors the witness, then acks and dead-letters (invariant 3: the
+// ledger writes above have committed).
+func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, b *MeterBatch) error {
+	if len(acks) == 0 && len(dead) == 0 {
+		return nil
+	}
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	if err := c.cfg.Witness.Mirror(ctx); err != nil {
+		return err // nothing acked: the redeliveries find the rows delivered
+	}
+	if len(acks) > 0 {
+		if err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, acks...).Err(); err != nil {
+			return fmt.Errorf("XACK %d meter events: %w", len(acks), err)
+		}
+	}
+	if len(dead) > 0 {
+		for i, err := range DeadLetterMany(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Name, dead, c.cfg.Clock.Now()) {
+			if err != nil {
+				return fmt.Errorf("dead-lettering %s: %w", dead[i].Msg.ID, err)
+			}
+			b.DeadLetters++
+		}
+	}
+	return nil
+}
+
+func (c *MeterConsumer) alertParked(r meterledger.Request, reason string) {
+	c.cfg.Notifier.Notify(alerts.MeterEventParked(r.Event.EventName, r.Event.StripeCustomerID, r.Identifier, r.Event.Value, reason))
+}

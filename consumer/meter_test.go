@@ -1,0 +1,208 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+)
+
+const meterName = "api_requests"
+
+func meterEvent(cust, i int, at time.Time) event.MeterEvent {
+	return event.MeterEvent{EventName: meterName, CustomerID: fmt.Sprintf("c_%d", cust),
+		StripeCustomerID: fmt.Sprintf("cus_%d", cust), Value: int64(1 + i%5), Timestamp: at,
+		EventID: fmt.Sprintf("req-%d-%d", cust, i)}
+}
+
+// meterWorld is setup's world with a sum meter at the emulator.
+func meterWorld(t *testing.T, simNow time.Time) *bundle {
+	t.Helper()
+	b := setup(t, opts{simNow: simNow})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *bundle) meterConsumer(t *testing.T, name string) *consumer.MeterConsumer {
+	t.Helper()
+	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
+		Stripe: b.stripe, Stream: b.stream, Group: b.group, Name: name, Namespace: "test", Block: 50 * time.Millisecond,
+		Lease: 3 * time.Second, Logger: testenv.Logger(t), Clock: b.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (b *bundle) addMeter(t *testing.T, evs ...event.MeterEvent) {
+	t.Helper()
+	for _, e := range evs {
+		if err := b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": e.Payload()}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sums is what each customer's events add up to.
+func sums(evs []event.MeterEvent) map[string]int64 {
+	out := map[string]int64{}
+	for _, e := range evs {
+		out[e.StripeCustomerID] += e.Value
+	}
+	return out
+}
+
+func (b *bundle) assertMeterTotals(t *testing.T, want map[string]int64) {
+	t.Helper()
+	for cus, v := range want {
+		if got := b.sim.MeterTotal(meterName, cus); got != v {
+			t.Errorf("%s: Stripe counts %d, the events add up to %d", cus, got, v)
+		}
+	}
+}
+
+// Every event counted once at Stripe, two consumers sharing the stream,
+// several events of one customer in the same batch (one call per customer
+// and meter at a time: the emulator refuses a second one in flight).
+func TestMeterEventsAreCountedOnce(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	if err := b.sim.SetFaults(stripesim.Faults{MeterEventLatency: 20 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	var evs []event.MeterEvent
+	for i := range 120 {
+		evs = append(evs, meterEvent(i%6, i, now.Add(-time.Duration(i)*time.Second)))
+	}
+	b.addMeter(t, evs...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, name := range []string{"m-a", "m-b"} {
+		c := b.meterConsumer(t, name)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = c.Run(ctx) }()
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool { return b.pending(t) == 0 && b.sim.MeterEventCounts().Recorded == 120 },
+		"the meter events were not all delivered (%+v, %d pending)", b.sim.MeterEventCounts(), b.pending(t))
+	cancel()
+	wg.Wait()
+	b.assertMeterTotals(t, sums(evs))
+	if c := b.sim.MeterEventCounts(); c.Concurrent != 0 || c.Recorded != 120 {
+		t.Fatalf("emulator counts %+v: want 120 recorded and no call while another of the customer's was in flight", c)
+	}
+}
+
+// Two of the seed's failure modes, for meter events: a batch read again
+// after a partial failure (the replies lost after Stripe recorded the
+// events), and a redelivery of acked entries (an AOF rollback). Stripe
+// counts each event once. (The third, a reclaim while the holder is inside
+// the call, is TestMeterEventsAreCountedOnce's two consumers and the
+// ledger's lease: a live lease is Busy.)
+func TestMeterFailureModesCountOnce(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	var evs []event.MeterEvent
+	for i := range 10 {
+		evs = append(evs, meterEvent(i, i, now.Add(-time.Minute)))
+	}
+	b.addMeter(t, evs...)
+	msgs := b.read(t, "m-a", 10)
+	dump, err := b.rdb.Dump(context.Background(), b.stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Partial batch: Stripe records three events and the replies are lost.
+	if err := b.sim.SetFaults(stripesim.Faults{DropNextMeterEvents: 3}); err != nil {
+		t.Fatal(err)
+	}
+	a := b.meterConsumer(t, "m-a")
+	ctx := context.Background()
+	first, err := a.ProcessBatch(ctx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Delivered != 7 || first.Left != 3 {
+		t.Fatalf("first batch %+v: want 7 delivered and the 3 lost replies left pending", first)
+	}
+	// The whole batch read again (reclaimed): the 7 are acked without a
+	// call, the 3 re-sent under their identifiers and found delivered.
+	again, err := a.ProcessBatch(ctx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Already != 7 || again.Delivered != 3 {
+		t.Fatalf("batch read again %+v: want 7 already delivered, 3 delivered", again)
+	}
+	// The AOF rollback: every entry back as pending, a day later.
+	if err := b.rdb.RestoreReplace(ctx, b.stream, 0, dump).Err(); err != nil {
+		t.Fatal(err)
+	}
+	back, err := a.ProcessBatch(ctx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Already != 10 || back.Delivered != 0 {
+		t.Fatalf("after the rollback %+v: want all 10 acked as already delivered", back)
+	}
+	b.assertMeterTotals(t, sums(evs))
+	if c := b.sim.MeterEventCounts(); c.Recorded != 10 {
+		t.Fatalf("emulator recorded %d events, want 10", c.Recorded)
+	}
+	if b.pending(t) != 0 {
+		t.Fatalf("%d entries still pending", b.pending(t))
+	}
+}
+
+// An event whose outcome is unknown is re-sent under its identifier only
+// while Stripe still guards it; a day later it is parked, not re-sent, and
+// a delivered event is never sent again at any age.
+func TestMeterUnknownOutcomePastTheWindowIsParked(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	clk := newSimClock(now)
+	b := setup(t, opts{clk: clk, simNow: now})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	lost, done := meterEvent(1, 1, now.Add(-time.Minute)), meterEvent(2, 2, now.Add(-time.Minute))
+	b.addMeter(t, lost, done)
+	msgs := b.read(t, "m-a", 2)
+	if err := b.sim.SetFaults(stripesim.Faults{DropNextMeterEvents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	a := b.meterConsumer(t, "m-a")
+	ctx := context.Background()
+	first, err := a.ProcessBatch(ctx, msgs)
+	if err != nil || first.Delivered+first.Left != 2 || first.Left != 1 {
+		t.Fatalf("first batch %+v %v: want one delivered, one with its reply lost", first, err)
+	}
+	recorded := b.sim.MeterEventCounts().Recorded
+	clk.Advance(25 * time.Hour)
+	b.sim.Advance(25 * time.Hour)
+	later, err := a.ProcessBatch(ctx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if later.Parked != 1 || later.Already != 1 || later.Delivered != 0 {
+		t.Fatalf("a day later %+v: want the unknown one parked and the delivered one acked, nothing sent", later)
+	}
+	if got := b.sim.MeterEventCounts().Recorded; got != recorded {
+		t.Fatalf("%d events recorded at Stripe after a day, %d before: nothing may be sent again", got, recorded)
+	}
+	if b.pending(t) != 0 {
+		t.Fatalf("%d entries still pending", b.pending(t))
+	}
+}
