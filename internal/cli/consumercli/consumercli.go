@@ -34,6 +34,7 @@ func program() *cli.Program {
 		{Name: "cap", Args: "set|show [flags]", Summary: "set or show a billing period's spend cap", Run: capCmd},
 		{Name: "replay", Args: "[flags]", Summary: "put dead letters back on their stream", Run: replayCmd},
 		{Name: "retry", Args: "--period P [--customer C]", Summary: "bill again, under a new attempt's key, customers whose last attempt failed", Run: retryCmd},
+		{Name: "meter-events", Args: "[flags]", Summary: "send usage events to Stripe Billing Meters, each counted once, until SIGTERM", Run: meterCmd},
 		{Name: "webhook", Args: "[--listen :8089]", Summary: "receive Stripe webhooks that settle bank debits in motion (optional)", Run: webhookCmd},
 		{Name: "import", Args: "(--from-table T | --from-query SQL | --from-stripe --period P)... [flags]", Summary: "bring what an existing consumer billed into the ledger before switching", Run: importCmd},
 		{Name: "migrate", Args: "up|down|status|move", Summary: "apply, roll back, list or move the ledger's migrations", Run: migrateCmd},

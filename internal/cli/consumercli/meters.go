@@ -1,0 +1,192 @@
+package consumercli
+
+import (
+	"context"
+	"flag"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/stripelimit"
+)
+
+const meterDescription = `Sends a stream's usage events to Stripe Billing Meters (POST /v1/billing/meter_events), each
+counted once: every event is reserved in the meter ledger before its call and recorded there
+before its XACK, under an identifier made of its business fields (the same after a reclaim, a
+batch read again, a Redis rollback or a re-publish). A delivered event is never sent again; an
+event whose outcome is unknown (a timeout, a crash after Stripe's reply) is sent again under the
+same identifier only while Stripe still guards it (--safe-window), and parked past that with an
+alert and a dead letter (reason meter_event_parked). One call per customer and meter at a time,
+across every process (Stripe's concurrency rule).
+
+Event (stream field payload): {"event_name":"api_requests","stripe_customer_id":"cus_ABC",
+"value":3,"timestamp":"2026-11-30T12:00:00Z","event_id":"req-9f2c","customer_id":"c_42"};
+value a whole number (negative allowed), timestamp RFC 3339 or unix seconds within Stripe's
+window (35 days back, 5 minutes ahead), event_id and customer_id optional. Two events with every
+field equal and no event_id are one event. Invalid events go to <stream>:dead with the reason.
+
+Stripe permissions (a restricted key): Billing Meter Events Write. Exit status: 0 stopped
+cleanly, 2 bad flags, 3 Redis or Postgres unreachable after --wait-for-deps.`
+
+// MeterOptions are the flags of `consumer meter-events`.
+type MeterOptions struct {
+	RedisURL, DatabaseURL string
+	Schema                string
+	Namespace             string
+	Streams               cli.Streams
+	Group                 string
+	Name                  string
+	Count                 int64
+	Block                 time.Duration
+	Workers               int
+	Lease                 time.Duration
+	SafeWindow            time.Duration
+	MetricsAddr           string
+	WaitForDeps           time.Duration
+	MaxDBConns            int
+	Log                   cli.Logging
+	Stripe                cli.Stripe
+	Slack                 cli.Slack
+
+	streams []cli.StreamGroup
+}
+
+func (o *MeterOptions) register(fs *flag.FlagSet) {
+	cli.RegisterRedis(fs, &o.RedisURL)
+	cli.RegisterDatabase(fs, &o.DatabaseURL)
+	cli.RegisterSchema(fs, &o.Schema)
+	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace),
+		"part of every meter event's identifier: give each environment its own [PELGUARD_NAMESPACE]")
+	cli.RegisterStreams(fs, &o.Streams, &o.Group, "send (one meter consumer per stream)")
+	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name; empty: unique per process [PELGUARD_CONSUMER_NAME]")
+	fs.Int64Var(&o.Count, "count", 100, "entries per read, reserved and recorded in one transaction each")
+	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
+	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once (one per customer and meter)")
+	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
+	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
+	cli.RegisterWait(fs, &o.WaitForDeps)
+	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
+	o.Log.Register(fs)
+	o.Stripe.Register(fs)
+	o.Slack.Register(fs)
+}
+
+// Validate checks the flags before anything is built.
+func (o *MeterOptions) Validate() error {
+	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+		return err
+	}
+	streams, err := o.Streams.Resolve(o.Group)
+	if err != nil {
+		return err
+	}
+	o.streams = streams
+	switch {
+	case o.Count <= 0 || o.Workers <= 0:
+		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
+	case o.Lease < 3*time.Second:
+		return cli.Usagef("--lease %s: at least 3s (it is renewed every lease/3)", o.Lease)
+	case o.SafeWindow <= 0 || o.SafeWindow >= 24*time.Hour:
+		return cli.Usagef("--safe-window %s must be positive and below Stripe's 24h identifier window", o.SafeWindow)
+	}
+	if err := o.Log.Validate(); err != nil {
+		return err
+	}
+	if err := o.Stripe.Validate(); err != nil {
+		return err
+	}
+	return cli.ValidateWait(o.WaitForDeps)
+}
+
+func meterCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
+	var o MeterOptions
+	fs := cli.NewFlagSet(prog, prog+" meter-events [flags]", meterDescription, stderr)
+	o.register(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	if err := o.Validate(); err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	return o.run(ctx, stderr)
+}
+
+func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
+	const role = "meter-events"
+	logger, err := o.Log.Logger(stderr)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	cli.RouteLibraryLogs(logger)
+	reg := cli.NewRegistry(role)
+	notifier, err := o.Slack.Notifier(logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer closeNotifier(notifier)
+	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer rdb.Close()
+	sc, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleBilling, Redis: rdb, Registerer: reg})
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	conns, err := cli.MaxDBConns(o.MaxDBConns, len(o.streams)*2+4)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	mon, err := cli.NewRollback("consumer", o.Name, o.Schema, rdb, notifier, logger, reg)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
+	if err != nil {
+		return cli.Fail(stderr, prog, err)
+	}
+	defer pool.Close()
+	defer mon.Close() // before the pool closes
+	var cs []*consumer.MeterConsumer
+	for _, sg := range o.streams {
+		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
+			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
+			Workers: o.Workers, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Notifier: notifier, Logger: logger})
+		if err != nil {
+			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
+		}
+		cs = append(cs, c)
+	}
+	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
+		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+	if !ok {
+		return code
+	}
+	defer func() { _ = ops.Close(context.Background()) }()
+	for _, sg := range o.streams {
+		if err := consumer.EnsureGroup(ctx, rdb, sg.Stream, sg.Group); err != nil {
+			return cli.Fail(stderr, prog, err)
+		}
+	}
+	started.Open()
+	logger.Info("sending meter events", "streams", len(cs), "namespace", o.Namespace)
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Run(ctx); err != nil {
+				logger.Error("meter consumer stopped", "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	logger.Info("stopped cleanly")
+	return cli.ExitOK
+}
