@@ -119,7 +119,7 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		return err
 	}
 	own := "0" // our PEL first, then ">"
-	lastOwn := time.Now()
+	lastOwn, maintained := time.Now(), time.Time{} // maintain (prune) on the first pass
 	for ctx.Err() == nil {
 		res, err := c.cfg.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: c.cfg.Group, Consumer: c.cfg.Name,
 			Streams: []string{c.cfg.Stream, own}, Count: c.cfg.Count, Block: c.cfg.Block}).Result()
@@ -156,11 +156,29 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		if own == ">" && time.Since(lastOwn) > 500*time.Millisecond {
 			own, lastOwn = "0", time.Now()
 		}
-		if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("creating meter event partitions", "err", err)
+		if time.Since(maintained) > time.Hour {
+			maintained = time.Now()
+			c.maintain(ctx)
 		}
 	}
 	return nil
+}
+
+// maintain makes the coming days' partitions and drops those Stripe would
+// no longer take events for (older than 36 days): hourly, from every
+// consumer (both are idempotent and serialised in Postgres).
+func (c *MeterConsumer) maintain(ctx context.Context) {
+	now := c.cfg.Clock.Now()
+	if _, err := c.ledger.EnsurePartitions(ctx, now); err != nil && ctx.Err() == nil {
+		c.cfg.Logger.Warn("creating meter event partitions", "err", err)
+	}
+	dropped, err := c.ledger.Prune(ctx, now)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		c.cfg.Logger.Warn("pruning meter event partitions", "err", err)
+	case len(dropped) > 0:
+		c.cfg.Logger.Info("pruned meter event partitions past Stripe's 35 days", "partitions", dropped)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {
