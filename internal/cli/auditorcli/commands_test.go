@@ -1,7 +1,6 @@
 package auditorcli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,7 +17,10 @@ import (
 )
 
 func call(args ...string) (int, string, string) {
-	var out, errb bytes.Buffer
+	// Safe for concurrent writes: go-redis's logger is process-wide
+	// (cli.RouteLibraryLogs), so a background dial of another parallel
+	// test's command may write here too.
+	var out, errb testenv.SyncBuffer
 	code := Main(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }

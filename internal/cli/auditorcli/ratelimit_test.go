@@ -1,7 +1,8 @@
 package auditorcli
 
 import (
-	"bytes"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+
 	"context"
 	"strings"
 	"testing"
@@ -11,7 +12,7 @@ import (
 // others': a bad one exits 2 naming the fix.
 func TestAuditorBadStripeRateFlagsExit2(t *testing.T) {
 	t.Parallel()
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	code := Main(context.Background(), []string{"run", "--stripe-key", "sk_test_x", "--stripe-rate", "100",
 		"--stripe-redrive-floor", "0.6", "--stripe-audit-floor", "0.6"}, &out, &errb)
 	if code != 2 || !strings.Contains(errb.String(), "--stripe-audit-floor") {

@@ -1,7 +1,6 @@
 package consumercli
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -13,7 +12,10 @@ import (
 
 // call runs Main and returns the exit code, stdout and stderr.
 func call(ctx context.Context, args ...string) (int, string, string) {
-	var out, errb bytes.Buffer
+	// Safe for concurrent writes: go-redis's logger is process-wide
+	// (cli.RouteLibraryLogs), so a background dial of another parallel
+	// test's command may write here too.
+	var out, errb testenv.SyncBuffer
 	code := Main(ctx, args, &out, &errb)
 	return code, out.String(), errb.String()
 }
@@ -29,7 +31,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"--stream", "a,a"},
 		{"--stream", "a=", "--stream", "b"},
 	} {
-		var out, errb bytes.Buffer
+		var out, errb testenv.SyncBuffer
 		if code := Main(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
@@ -37,7 +39,7 @@ func TestBadFlagsExit2(t *testing.T) {
 			t.Errorf("%v: no message", args)
 		}
 	}
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	if code := Main(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--require-cap") {
 		t.Errorf("--help: exit %d: %s", code, errb.String())
 	}
@@ -46,7 +48,7 @@ func TestBadFlagsExit2(t *testing.T) {
 func TestCapCommands(t *testing.T) {
 	t.Parallel()
 	_, url := testenv.DBWithURL(t)
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	if code := Main(context.Background(), []string{"cap", "set", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url), "--period", "2026-11", "--cents", "1375000"}, &out, &errb); code != 0 {
 		t.Fatalf("cap set: %d %s", code, errb.String())
 	}
@@ -77,7 +79,7 @@ func TestReplayCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	// Two streams in one value, as PELGUARD_STREAM lists a consumer's shards.
 	args := []string{"replay", "--redis-url", testenv.RedisURL(), "--stream", stream + "," + other, "--reason", "spend_cap"}
 	if code := Main(ctx, append(args, "--dry-run"), &out, &errb); code != 0 || !strings.Contains(out.String(), "would replay 2 dead letter(s) onto "+stream) ||

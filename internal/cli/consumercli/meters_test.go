@@ -1,7 +1,6 @@
 package consumercli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -53,10 +52,10 @@ func TestMeterEventsCommand(t *testing.T) {
 	t.Setenv("STRIPE_API_BASE", sim.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var errb bytes.Buffer
+	var errb testenv.SyncBuffer
 	go func() {
 		done <- Main(ctx, []string{"meter-events", "--redis-url", testenv.RedisURL(), "--database-url", url, "--db-schema", schema,
-			"--stream", stream, "--group", "meters", "--metrics-addr", "", "--wait-for-deps", "10s", "--block", "50ms"}, &bytes.Buffer{}, &errb)
+			"--stream", stream, "--group", "meters", "--metrics-addr", "", "--wait-for-deps", "10s", "--block", "50ms"}, &testenv.SyncBuffer{}, &errb)
 	}()
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, _ := rdb.XLen(context.Background(), stream+":dead").Result()

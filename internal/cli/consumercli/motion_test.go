@@ -54,7 +54,7 @@ func TestWebhookCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var errb testenv.SyncBuffer
-	go func() { done <- Main(ctx, append(base, "--listen", addr), &bytes.Buffer{}, &errb) }()
+	go func() { done <- Main(ctx, append(base, "--listen", addr), &testenv.SyncBuffer{}, &errb) }()
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {

@@ -1,14 +1,18 @@
 package reapercli
 
 import (
-	"bytes"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+
 	"context"
 	"strings"
 	"testing"
 )
 
 func call(args ...string) (int, string, string) {
-	var out, errb bytes.Buffer
+	// Safe for concurrent writes: go-redis's logger is process-wide
+	// (cli.RouteLibraryLogs), so a background dial of another parallel
+	// test's command may write here too.
+	var out, errb testenv.SyncBuffer
 	code := Main(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }

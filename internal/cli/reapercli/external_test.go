@@ -1,7 +1,8 @@
 package reapercli
 
 import (
-	"bytes"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+
 	"context"
 	"strings"
 	"testing"
@@ -23,7 +24,7 @@ func TestExternalLedgerMinIdleBelowTwiceMaxCallIsRefused(t *testing.T) {
 		{[]string{"--min-idle", "60s"}, []string{"--external-max-call"}},
 		{[]string{"--min-idle", "5m", "--external-max-call", "90s", "--stripe-mode", "payment_intents"}, []string{"--stripe-mode charges"}},
 	} {
-		var out, errb bytes.Buffer
+		var out, errb testenv.SyncBuffer
 		args := append(append([]string{}, base...), tc.args...)
 		if code := Main(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", tc.args, code, errb.String())
@@ -34,7 +35,7 @@ func TestExternalLedgerMinIdleBelowTwiceMaxCallIsRefused(t *testing.T) {
 			}
 		}
 	}
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	if code := Main(context.Background(), []string{"--external-max-call", "1s", "--stream", "s", "--group", "g", "--dry-run", "--once"}, &out, &errb); code != 2 ||
 		!strings.Contains(errb.String(), "--external-ledger") {
 		t.Errorf("--external-max-call alone: exit %d: %s", code, errb.String())

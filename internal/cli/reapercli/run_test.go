@@ -27,7 +27,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"migrate", "sideways"},
 		{"unexpected-arg"},
 	} {
-		var out, errb bytes.Buffer
+		var out, errb testenv.SyncBuffer
 		if code := Main(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
@@ -35,7 +35,7 @@ func TestBadFlagsExit2(t *testing.T) {
 			t.Errorf("%v: no message", args)
 		}
 	}
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	if code := Main(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--dry-run") {
 		t.Errorf("--help: exit %d: %s", code, errb.String())
 	}
@@ -87,7 +87,7 @@ func TestDryRunOncePrintsDecisionsAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	w := abandoned(t)
 	for _, asJSON := range []bool{true, false} {
-		var out, errb bytes.Buffer
+		var out, errb testenv.SyncBuffer
 		args := w.args("--dry-run")
 		if asJSON {
 			args = append(args, "--json")
@@ -97,7 +97,7 @@ func TestDryRunOncePrintsDecisionsAndChangesNothing(t *testing.T) {
 		}
 		if asJSON {
 			var d reaper.Decision
-			if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &d); err != nil {
+			if err := json.Unmarshal(bytes.TrimSpace([]byte(out.String())), &d); err != nil {
 				t.Fatalf("%v: %s", err, out.String())
 			}
 			if d.Kind != reaper.KindClaim || !d.DryRun || d.Key != "c_1/2026-11" || d.Consumer != "dead" {
@@ -123,7 +123,7 @@ func TestOnceRedrivesThroughStripe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(sim.Close)
-	var out, errb bytes.Buffer
+	var out, errb testenv.SyncBuffer
 	args := w.args("--stripe-key", "sk_test_reaper_cmd", "--stripe-api-base", sim.URL(), "--stripe-mode", "charges")
 	if code := Main(context.Background(), args, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
