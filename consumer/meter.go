@@ -118,8 +118,9 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
 		return err
 	}
-	own := "0" // our PEL first, then ">"
-	lastOwn, maintained := time.Now(), time.Time{} // maintain (prune) on the first pass
+	// Our PEL first, then ">"; maintain (prune) on the first pass.
+	own := "0"
+	lastOwn, maintained := time.Now(), time.Time{}
 	for ctx.Err() == nil {
 		res, err := c.cfg.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: c.cfg.Group, Consumer: c.cfg.Name,
 			Streams: []string{c.cfg.Stream, own}, Count: c.cfg.Count, Block: c.cfg.Block}).Result()
