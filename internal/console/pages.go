@@ -440,7 +440,11 @@ func (s *Server) customer(w http.ResponseWriter, r *http.Request) {
 		roles = append(roles, [2]string{"the ledger's charge", row.ChargeID})
 		var extra []extraField
 		for k, v := range row.Extra {
-			extra = append(extra, extraField{k, redact.String(fmt.Sprint(v))})
+			val := "—" // SQL NULL
+			if v != nil {
+				val = redact.String(fmt.Sprint(v))
+			}
+			extra = append(extra, extraField{k, val})
 		}
 		sort.Slice(extra, func(i, j int) bool { return extra[i].Name < extra[j].Name })
 		data["Extra"] = extra
