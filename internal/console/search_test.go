@@ -204,3 +204,29 @@ func TestSearchQueriesUseIndexes(t *testing.T) {
 		}
 	}
 }
+
+// The customer page's dead letters skip payloads that cannot name the
+// customer without decoding them, but never one that names it through a
+// JSON escape.
+func TestCustomerDeadLettersMatchEscapedPayloads(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for _, p := range []string{
+		`{"customer_id":"c\u0039","billing_period":"2026-11","amount_cents":100}`, // c9, escaped
+		`{"customer_id":"c99","billing_period":"2026-11","amount_cents":200}`,     // holds "c9", is not c9
+		`{"customer_id":"c9","billing_period":"2026-10","amount_cents":300}`,      // c9, another period
+		`{"customer_id":"c8","billing_period":"2026-11","amount_cents":400}`,
+	} {
+		if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream + ":dead", Values: map[string]any{"payload": p, "reason": "spend_cap"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead, _, err := b.console.deadOf(ctx, "c9", testPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].Amount != "1.00 USD" {
+		t.Fatalf("c9's dead letters of %s: %+v, want the escaped one alone", testPeriod, dead)
+	}
+}
