@@ -93,9 +93,22 @@ func newAuthenticator(cfg Config, db pg.DB) (*authenticator, error) {
 }
 
 // identity is who a request is from, and the CSRF token its forms carry.
+// A proxy user has no session: its token is a MAC of the name and the day
+// (the key lives in Postgres and outlives processes), and yesterday's
+// (PrevCSRF) is still taken, so a form opened before midnight works after.
 type identity struct {
-	User string
-	CSRF string
+	User     string
+	CSRF     string
+	PrevCSRF string
+}
+
+// csrfOK says whether a submitted CSRF token is the identity's.
+func (id identity) csrfOK(tok string) bool {
+	ok := subtle.ConstantTimeCompare([]byte(tok), []byte(id.CSRF)) == 1
+	if id.PrevCSRF != "" {
+		ok = subtle.ConstantTimeCompare([]byte(tok), []byte(id.PrevCSRF)) == 1 || ok
+	}
+	return ok && tok != ""
 }
 
 type ctxKey struct{}
@@ -136,11 +149,16 @@ func (a *authenticator) identify(r *http.Request, now time.Time) (identity, bool
 		if !validUser(user) {
 			return identity{}, false, nil
 		}
-		csrf, err := a.mac(r.Context(), "csrf", user)
+		day := now.UTC().Format(time.DateOnly)
+		csrf, err := a.mac(r.Context(), "csrf", user, day)
 		if err != nil {
 			return identity{}, false, err
 		}
-		return identity{User: user, CSRF: csrf}, true, nil
+		prev, err := a.mac(r.Context(), "csrf", user, now.UTC().AddDate(0, 0, -1).Format(time.DateOnly))
+		if err != nil {
+			return identity{}, false, err
+		}
+		return identity{User: user, CSRF: csrf, PrevCSRF: prev}, true, nil
 	}
 	c, err := r.Cookie(sessionCookie)
 	if err != nil || c.Value == "" {
@@ -265,7 +283,7 @@ func (s *Server) action(h http.HandlerFunc) http.Handler {
 			http.Error(w, "bad form", http.StatusBadRequest)
 			return
 		}
-		if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(who(r).CSRF)) != 1 {
+		if !sameOrigin(r) || !who(r).csrfOK(r.PostFormValue("csrf")) {
 			http.Error(w, "forbidden: missing or wrong CSRF token (reload the page)", http.StatusForbidden)
 			return
 		}
@@ -346,7 +364,7 @@ func (s *Server) throttle() throttle {
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil || r.PostFormValue("csrf") != who(r).CSRF {
+	if err := r.ParseForm(); err != nil || !who(r).csrfOK(r.PostFormValue("csrf")) {
 		http.Error(w, "forbidden: missing or wrong CSRF token", http.StatusForbidden)
 		return
 	}

@@ -253,3 +253,39 @@ func TestClientAddr(t *testing.T) {
 		}
 	}
 }
+
+// A proxy user's CSRF token (no session to hold one) is a MAC of the name
+// and the day with the key every replica shares: a form is good on another
+// replica, the day after it was opened, and not the day after that.
+func TestProxyUserCSRFTokenLastsADay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) {
+		c.Users, c.ProxyUserHeader, c.TrustedProxies = nil, "X-Forwarded-User", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	})
+	_, _, fid := b.duplicate(t, "c1", 2500)
+	second := b.replica(t)
+	c := b.anon(t)
+	send := func(srv *httptest.Server, method, path string, v url.Values) response {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(v.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Forwarded-User", "carol")
+		return c.do(req)
+	}
+	confirm := fmt.Sprintf("/findings/%d/confirm?action=dismiss", fid)
+	stale := form(t, send(b.srv, http.MethodGet, confirm, nil).body)
+	stale.Set("reason", "not ours")
+	b.clk.Advance(48 * time.Hour)
+	if r := send(second, http.MethodPost, fmt.Sprintf("/findings/%d/dismiss", fid), stale); r.code != http.StatusForbidden {
+		t.Fatalf("a form two days old: %d", r.code)
+	}
+	fresh := form(t, send(b.srv, http.MethodGet, confirm, nil).body)
+	fresh.Set("reason", "not ours")
+	b.clk.Advance(24 * time.Hour)
+	if r := send(second, http.MethodPost, fmt.Sprintf("/findings/%d/dismiss", fid), fresh); r.code != http.StatusSeeOther {
+		t.Fatalf("yesterday's form on another replica: %d %s", r.code, r.body)
+	}
+	if n := b.count(t, `SELECT count(*) FROM {schema}.console_actions WHERE actor = 'carol' AND outcome = 'done'`); n != 1 {
+		t.Fatalf("%d actions done, want 1", n)
+	}
+}
