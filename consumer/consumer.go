@@ -312,11 +312,16 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 	defer stopHB()
 	go c.proc.hb.run(hbCtx)
 
-	c.proc.commits = newCommitter(c.cfg.ledger, 128)
-	stopCommits := make(chan struct{})
-	commitsDone := make(chan struct{})
-	go func() { defer close(commitsDone); c.proc.commits.run(stopCommits) }()
-	defer func() { close(stopCommits); <-commitsDone }()
+	c.proc.settler = newSettler(c.proc, settleGroupMax)
+	stopSettling := make(chan struct{})
+	settled := make(chan struct{})
+	go func() { defer close(settled); c.proc.settler.run(stopSettling) }()
+	defer func() { close(stopSettling); <-settled }() // after the workers: everything handed over is settled
+	c.proc.hb.checker = newOwnedChecker(c.proc.hb, settleGroupMax)
+	stopChecks := make(chan struct{})
+	checked := make(chan struct{})
+	go func() { defer close(checked); c.proc.hb.checker.run(stopChecks) }()
+	defer func() { close(stopChecks); <-checked }()
 
 	jobs := make(chan job)
 	var wg sync.WaitGroup
@@ -369,10 +374,16 @@ func (c *Consumer) followUpLoop(readCtx, workCtx context.Context) {
 // FollowUp runs one pass of the ledger's own work (Processor.FollowUp).
 func (c *Consumer) FollowUp(ctx context.Context) (FollowUpResult, error) { return c.proc.FollowUp(ctx) }
 
+// settleGroupMax bounds one settled group (and the charges queued for it).
+const settleGroupMax = 256
+
 func (c *Consumer) handle(j job) {
-	defer c.proc.hb.remove(j.h)
-	defer c.cfg.Metrics.held(c.cfg.Stream, -1)
-	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre, j.readAt) // outcomes are logged and counted inside
+	// Outcomes are logged and counted inside; the hold is let go once the
+	// event has ended, which for a charge is after its group is acked.
+	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre, j.readAt, func() {
+		c.proc.hb.remove(j.h)
+		c.cfg.Metrics.held(c.cfg.Stream, -1)
+	})
 }
 
 // readLoop reads batches and hands every entry to a worker. With a pinned

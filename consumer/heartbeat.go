@@ -46,6 +46,9 @@ type hold struct {
 	cancel     context.CancelCauseFunc
 
 	acking atomic.Bool // the entry is being acked (see heartbeat.acking)
+	// settled, when set, lets apply hand a charge to the consumer's
+	// settler, which ends the event with it (processPrepared).
+	settled func(Outcome, error)
 
 	mu    sync.Mutex
 	lease *ledger.Record // set once Reserve gave us the ledger lease
@@ -97,6 +100,10 @@ type heartbeat struct {
 	logger   *slog.Logger
 	metrics  *Metrics
 	disabled bool // tests: prove the other defences hold without it
+
+	// checker, when the consumer runs one, coalesces stillOwned's
+	// re-checks (owned.go); nil: one script per check.
+	checker *ownedChecker
 
 	mu    sync.Mutex
 	holds map[string]*hold // stream + "\x00" + id
@@ -281,6 +288,9 @@ func (hb *heartbeat) renewEntries(ctx context.Context, stream string, hs []*hold
 func (hb *heartbeat) stillOwned(ctx context.Context, h *hold) (bool, error) {
 	if h.ledgerOnly() {
 		return true, nil
+	}
+	if hb.checker != nil {
+		return hb.checker.check(ctx, h)
 	}
 	owned, err := renew(ctx, hb.rdb, h.stream, hb.group, hb.name, []string{h.id})
 	if err != nil {

@@ -74,10 +74,12 @@ const (
 // Processor handles single stream entries: the per-event algorithm of
 // DESIGN.md, shared by the consumer's workers and the reaper's re-drive.
 type Processor struct {
-	cfg     Config
-	tracer  trace.Tracer
-	hb      *heartbeat
-	commits *committer // the consumer's group commit of charged outcomes; nil: one by one
+	cfg    Config
+	tracer trace.Tracer
+	hb     *heartbeat
+	// settler records and acks the consumer's charged outcomes in groups
+	// (commit.go); nil (the reaper's processor): one by one.
+	settler *settler
 }
 
 // Process handles one entry read or claimed by this processor's consumer
@@ -87,23 +89,41 @@ type Processor struct {
 func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessage) (Outcome, error) {
 	h := p.hb.add(ctx, stream, msg.ID)
 	defer p.hb.remove(h)
-	return p.processPrepared(h, msg, nil, time.Time{})
+	return p.processPrepared(h, msg, nil, time.Time{}, nil)
 }
+
+// outcomeSettling: the charge was handed to the settler, which ends the
+// event (records, acks, counts) with its real outcome. Never reported.
+const outcomeSettling Outcome = "settling"
 
 // processPrepared handles one held entry, with an optional lease the reader
 // already took for it in a batch (ledger.ReserveNew): then the per-event
 // Reserve is skipped, everything else is the same. readAt, if set, is when the
-// reader got the entry: the event's span starts there.
-func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record, readAt time.Time) (out Outcome, err error) {
+// reader got the entry: the event's span starts there. after, if set, runs
+// once the event has ended: when this returns, or, for a charge handed to
+// the consumer's settler (then this returns outcomeSettling), once its
+// group is recorded and acked.
+func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record, readAt time.Time, after func()) (out Outcome, err error) {
 	ctx, span := p.startEvent(h, msg.ID, readAt)
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
-	defer func() {
+	end := func(out Outcome, err error) {
 		endEvent(span, out, err)
 		p.cfg.Metrics.event(h.stream, out)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
 		} else {
 			log.DebugContext(ctx, "event handled", slog.String("outcome", string(out)))
+		}
+		if after != nil {
+			after()
+		}
+	}
+	if p.settler != nil && after != nil {
+		h.settled = end // apply may hand a charge over
+	}
+	defer func() {
+		if out != outcomeSettling {
+			end(out, err)
 		}
 	}()
 
@@ -275,6 +295,12 @@ func (p *Processor) apply(ctx context.Context, h *hold, msg redis.XMessage, rec 
 		if v.Record.ChargeID != "" {
 			trace.SpanFromContext(ctx).SetAttributes(attrChargeID.String(v.Record.ChargeID))
 		}
+		if h.settled != nil && v.Stream == ackEntry && v.Alert == nil && v.Record.Status == ledger.StatusCharged {
+			// The consumer's hot path: recorded, witnessed and acked with
+			// the other charges of its group (commit.go), in this order.
+			p.settler.submit(settleReq{ctx: ctx, h: h, rec: rec, chargeID: v.Record.ChargeID, done: h.settled})
+			return outcomeSettling, nil
+		}
 		// A charge may have been made: record it even if the lease is
 		// being lost (finishOnly detaches).
 		if res, err := p.finishOnly(ctx, rec, v.Record); err != nil || res == OutcomeLeaseLost {
@@ -422,12 +448,7 @@ func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) boo
 func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	var err error
-	if o.Status == ledger.StatusCharged && p.commits != nil {
-		err = p.commits.finish(ctx, rec, o.ChargeID)
-	} else {
-		_, err = p.cfg.ledger.Finish(ctx, rec, o)
-	}
+	_, err := p.cfg.ledger.Finish(ctx, rec, o)
 	if errors.Is(err, ledger.ErrLeaseLost) {
 		// Someone took over (our lease expired). Whatever they record wins;
 		// with the same idempotency key they got the same charge.
