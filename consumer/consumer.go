@@ -303,8 +303,8 @@ type job struct {
 	stream string
 	msg    redis.XMessage
 	h      *hold
-	pre    *ledger.Record // lease taken by the reader's batch reservation, if any
-	readAt time.Time      // when XREADGROUP returned it: the start of its span
+	pre    *prepared // the parsed event and the batch reservation's decision; nil: none
+	readAt time.Time // when XREADGROUP returned it: the start of its span
 }
 
 func (c *Consumer) run(readCtx, workCtx context.Context) error {
@@ -452,7 +452,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 				// batch reservation took for them are given back so that
 				// delivery need not wait for them to expire.
 				for j, h := range holds[i:] {
-					if r := pre[i+j]; r != nil {
+					if r := pre[i+j].lease(); r != nil {
 						c.proc.releaseQuiet(workCtx, *r, errors.New("consumer shut down before handling it"))
 					}
 					c.proc.hb.remove(h)
@@ -465,42 +465,55 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 	return readCtx.Err()
 }
 
-// reserveBatch takes the ledger lease for every first delivery of a batch in
-// one statement (ledger.ReserveNew): one round trip and one WAL flush instead
-// of one transaction per event. Entries it does not cover (invalid, already
-// in the ledger, capped periods, --require-cap, or a failed statement) get
-// nil and go through the per-event Reserve as usual.
-func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, holds []*hold) []*ledger.Record {
-	pre := make([]*ledger.Record, len(msgs))
-	if len(msgs) < 2 || c.cfg.RequireCap {
-		return pre
+// prepared is what the reader learnt of an entry before a worker took it:
+// the parsed event and the batch reservation's answer for it.
+type prepared struct {
+	ev    event.Event
+	batch ledger.BatchClaim // undecided: the worker reserves it with Reserve
+}
+
+// lease is the ledger lease the batch took for the entry, if it took one.
+func (p *prepared) lease() *ledger.Record {
+	if p == nil || !p.batch.Decided || p.batch.Err != nil || !p.batch.Claim.Decision.MayCharge() {
+		return nil
 	}
+	return &p.batch.Claim.Record
+}
+
+// reserveBatch decides every valid entry of a read batch in the ledger at
+// once (ledger.ReserveBatch): new rows, takeovers, terminal rows, busy rows,
+// conflicts and spend caps in one statement for a batch of first
+// deliveries, one more transaction for the rest, instead of one
+// transaction per event. The workers act on each decision as on Reserve's;
+// what the batch left undecided (and invalid entries, nil) they reserve
+// one by one.
+func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, holds []*hold) []*prepared {
+	pre := make([]*prepared, len(msgs))
 	reqs := make([]ledger.ReserveRequest, 0, len(msgs))
-	for _, m := range msgs {
-		if m.Values == nil {
-			continue
-		}
-		if ev, err := event.ParseFields(m.Values, c.cfg.Rules); err == nil {
-			reqs = append(reqs, c.proc.reserveRequest(ev, m.ID))
-		}
-	}
-	got, err := c.cfg.ledger.ReserveNew(ctx, reqs)
-	if err != nil {
-		c.cfg.Logger.WarnContext(ctx, "batch reservation failed; reserving per event", slog.Any("error", err))
-		return pre
-	}
+	at := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		if m.Values == nil {
 			continue
 		}
 		ev, err := event.ParseFields(m.Values, c.cfg.Rules)
 		if err != nil {
-			continue
+			continue // the worker dead-letters it with the reason
 		}
-		if r, ok := got[ledger.EventKey(ev)]; ok && r.StreamMessageID == m.ID {
-			rec := r
-			pre[i] = &rec
-			holds[i].setLease(&rec) // the heartbeat renews it from now on
+		pre[i] = &prepared{ev: ev}
+		req := c.proc.reserveRequest(ev, m.ID)
+		req.Replay = IsReplay(m.Values)
+		reqs = append(reqs, req)
+		at = append(at, i)
+	}
+	claims, err := c.cfg.ledger.ReserveBatch(ctx, reqs)
+	if err != nil {
+		c.cfg.Logger.WarnContext(ctx, "batch reservation failed in part; reserving the rest per event", slog.Any("error", err))
+	}
+	for j, cl := range claims {
+		i := at[j]
+		pre[i].batch = cl
+		if r := pre[i].lease(); r != nil {
+			holds[i].setLease(r) // the heartbeat renews it from now on
 		}
 	}
 	return pre

@@ -96,14 +96,14 @@ func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessa
 // event (records, acks, counts) with its real outcome. Never reported.
 const outcomeSettling Outcome = "settling"
 
-// processPrepared handles one held entry, with an optional lease the reader
-// already took for it in a batch (ledger.ReserveNew): then the per-event
-// Reserve is skipped, everything else is the same. readAt, if set, is when the
-// reader got the entry: the event's span starts there. after, if set, runs
-// once the event has ended: when this returns, or, for a charge handed to
-// the consumer's settler (then this returns outcomeSettling), once its
-// group is recorded and acked.
-func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record, readAt time.Time, after func()) (out Outcome, err error) {
+// processPrepared handles one held entry, with what the reader already did
+// for it, if anything (pre: the parsed event and the batch reservation's
+// decision): then the per-event Reserve is skipped, everything else is the
+// same. readAt, if set, is when the reader got the entry: the event's span
+// starts there. after, if set, runs once the event has ended: when this
+// returns, or, for a charge handed to the consumer's settler (then this
+// returns outcomeSettling), once its group is recorded and acked.
+func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, readAt time.Time, after func()) (out Outcome, err error) {
 	ctx, span := p.startEvent(h, msg.ID, readAt)
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
 	end := func(out Outcome, err error) {
@@ -130,23 +130,26 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 	if msg.Values == nil { // XREADGROUP 0 returns deleted entries with no body
 		return OutcomeAlreadyBilled, p.ack(ctx, h.stream, msg.ID)
 	}
-	ev, err := event.ParseFields(msg.Values, p.cfg.Rules)
-	if err != nil {
+	var ev event.Event
+	if pre != nil {
+		ev = pre.ev // parsed by the reader
+	} else if ev, err = event.ParseFields(msg.Values, p.cfg.Rules); err != nil {
 		var re *event.RejectError
 		errors.As(err, &re)
 		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter)
 	}
 	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
 	span.SetAttributes(attrCustomerID.String(ev.CustomerID), attrBillingPeriod.String(ev.BillingPeriod))
-	key := ev.Key(p.cfg.Namespace)
 
-	if pre != nil && pre.IdempotencyKey == key {
-		span.AddEvent("ledger.reserved", trace.WithAttributes(attrDecision.String("batch")))
-		return p.charge(ctx, h, msg, ev, *pre, log)
+	var claim ledger.Claim
+	if pre != nil && pre.batch.Decided {
+		// The reader's batch reservation decided it, as Reserve would.
+		claim, err = pre.batch.Claim, pre.batch.Err
+	} else {
+		req := p.reserveRequest(ev, msg.ID)
+		req.Replay = IsReplay(msg.Values)
+		claim, err = p.cfg.ledger.Reserve(ctx, req)
 	}
-	req := p.reserveRequest(ev, msg.ID)
-	req.Replay = IsReplay(msg.Values)
-	claim, err := p.cfg.ledger.Reserve(ctx, req)
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
