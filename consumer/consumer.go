@@ -396,6 +396,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 	}
 	backoff := 100 * time.Millisecond
 	for readCtx.Err() == nil {
+		sent := time.Now()
 		res, err := c.cfg.Redis.XReadGroup(readCtx, &redis.XReadGroupArgs{
 			Group: c.cfg.Group, Consumer: c.cfg.Name, Streams: []string{c.cfg.Stream, cursor},
 			Count: c.cfg.Count, Block: c.cfg.Block,
@@ -440,6 +441,10 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		holds := make([]*hold, len(msgs))
 		for i, m := range msgs {
 			holds[i] = c.proc.hb.add(workCtx, c.cfg.Stream, m.ID)
+			if cursor == ">" {
+				// Delivered by this read: idle since it was sent at most.
+				holds[i].setProven(sent)
+			}
 			c.cfg.Metrics.held(c.cfg.Stream, 1)
 		}
 		pre := c.reserveBatch(workCtx, msgs, holds)

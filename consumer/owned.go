@@ -82,8 +82,12 @@ func (c *ownedChecker) answer(batch []ownedReq) {
 		for i, r := range rs {
 			ids[i] = r.h.id
 		}
+		sent := time.Now()
 		owned, err := renew(ctx, c.hb.rdb, stream, c.hb.group, c.hb.name, ids)
 		for _, r := range rs {
+			if owned[r.h.id] {
+				r.h.setProven(sent)
+			}
 			r.reply <- ownedAnswer{owned: owned[r.h.id], err: err}
 		}
 	}
