@@ -323,13 +323,20 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 	go func() { defer close(checked); c.proc.hb.checker.run(stopChecks) }()
 	defer func() { close(stopChecks); <-checked }()
 
-	jobs := make(chan job)
+	// One read batch of look-ahead: while the workers charge one batch, the
+	// reader reads and reserves the next, so they never wait for its
+	// ledger round trips.
+	jobs := make(chan job, c.cfg.Count)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
+				if readCtx.Err() != nil {
+					c.giveBack(workCtx, j) // queued, not started, when the stop came
+					continue
+				}
 				c.handle(j)
 			}
 		}()
@@ -384,6 +391,18 @@ func (c *Consumer) handle(j job) {
 		c.proc.hb.remove(j.h)
 		c.cfg.Metrics.held(c.cfg.Stream, -1)
 	})
+}
+
+// giveBack lets go of an entry the consumer is stopping before it started
+// on it: it stays pending (never acked) for the next delivery, and the lease
+// the batch reservation took for it is released so that delivery need not
+// wait for it to expire.
+func (c *Consumer) giveBack(ctx context.Context, j job) {
+	if r := j.pre.lease(); r != nil {
+		c.proc.releaseQuiet(ctx, *r, errors.New("consumer shut down before handling it"))
+	}
+	c.proc.hb.remove(j.h)
+	c.cfg.Metrics.held(c.cfg.Stream, -1)
 }
 
 // readLoop reads batches and hands every entry to a worker. With a pinned
@@ -452,16 +471,8 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 			select {
 			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i], pre: pre[i], readAt: readAt}:
 			case <-readCtx.Done():
-				// Shutting down before these started: they stay pending
-				// (never acked) for the next delivery, and the leases the
-				// batch reservation took for them are given back so that
-				// delivery need not wait for them to expire.
-				for j, h := range holds[i:] {
-					if r := pre[i+j].lease(); r != nil {
-						c.proc.releaseQuiet(workCtx, *r, errors.New("consumer shut down before handling it"))
-					}
-					c.proc.hb.remove(h)
-					c.cfg.Metrics.held(c.cfg.Stream, -1)
+				for k := i; k < len(msgs); k++ {
+					c.giveBack(workCtx, job{stream: c.cfg.Stream, msg: msgs[k], h: holds[k], pre: pre[k]})
 				}
 				return readCtx.Err()
 			}
