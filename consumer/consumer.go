@@ -2,8 +2,9 @@
 // and charges each customer exactly once per billing period.
 //
 // Per event (DESIGN.md "Consumer, per event"): validate → ledger reserve
-// (with the spend cap) → Stripe with the content-hash idempotency key →
-// fenced ledger finish → XACK. A heartbeat renews both the PEL entry and the
+// (with the spend cap; a read batch at once) → Stripe with the content-hash
+// idempotency key → fenced ledger finish → XACK (charges recorded and acked
+// in groups, each entry only after its own outcome committed). A heartbeat renews both the PEL entry and the
 // ledger lease from the moment XREADGROUP returns until the ack, closing
 // "reclaim while in flight"; per-event write-before-ack closes "partial
 // batch"; the ledger check before every charge closes "AOF rollback".
@@ -70,9 +71,11 @@ type Config struct {
 	// Namespace keeps environments from sharing idempotency keys.
 	Namespace string
 
-	Count   int64         // XREADGROUP COUNT; acks stay per event whatever it is
-	Block   time.Duration // XREADGROUP BLOCK
-	Workers int           // events handled at once
+	Count int64         // XREADGROUP COUNT; acks stay per event whatever it is
+	Block time.Duration // XREADGROUP BLOCK
+	// Workers is how many events are handled at once. A charge waiting for
+	// its group's commit and XACK (the settler) no longer holds a worker.
+	Workers int
 	// Lease is how long the ledger lease lasts without a heartbeat; the
 	// heartbeat runs every Lease/3.
 	Lease time.Duration
