@@ -4,7 +4,8 @@
 // Per event (DESIGN.md "Consumer, per event"): validate → ledger reserve
 // (with the spend cap; a read batch at once) → Stripe with the content-hash
 // idempotency key → fenced ledger finish → XACK (charges recorded and acked
-// in groups, each entry only after its own outcome committed). A heartbeat renews both the PEL entry and the
+// in groups, each entry only after its own outcome committed). A heartbeat
+// renews both the PEL entry and the
 // ledger lease from the moment XREADGROUP returns until the ack, closing
 // "reclaim while in flight"; per-event write-before-ack closes "partial
 // batch"; the ledger check before every charge closes "AOF rollback".
