@@ -505,8 +505,8 @@ func (p *prepared) lease() *ledger.Record {
 // conflicts and spend caps in one statement for a batch of first
 // deliveries, one more transaction for the rest, instead of one
 // transaction per event. The workers act on each decision as on Reserve's;
-// what the batch left undecided (and invalid entries, nil) they reserve
-// one by one.
+// what the batch left undecided (a batch of one, and invalid entries, nil)
+// they reserve one by one.
 func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, holds []*hold) []*prepared {
 	pre := make([]*prepared, len(msgs))
 	reqs := make([]ledger.ReserveRequest, 0, len(msgs))
@@ -524,6 +524,11 @@ func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, hold
 		req.Replay = IsReplay(m.Values)
 		reqs = append(reqs, req)
 		at = append(at, i)
+	}
+	if len(reqs) < 2 {
+		// A batch of one gains nothing: its worker reserves it, so its row
+		// turns pending only once a worker holds it (what Stop finishes).
+		return pre
 	}
 	claims, err := c.cfg.ledger.ReserveBatch(ctx, reqs)
 	if err != nil {
