@@ -100,6 +100,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Rec
 	defer func() {
 		endEvent(span, out, err)
 		p.cfg.Metrics.event(h.stream, out)
+		p.hb.events.Add(1)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
 		} else {

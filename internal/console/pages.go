@@ -18,7 +18,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "pel"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -32,7 +32,7 @@ func parsePages() (map[string]*template.Template, error) {
 	}
 	out := map[string]*template.Template{}
 	for _, p := range pageNames {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html", "templates/part_*.html")
 		if err != nil {
 			return nil, fmt.Errorf("parsing page %s: %w", p, err)
 		}
