@@ -15,6 +15,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -135,6 +136,11 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"] = s.streamStats(ctx)
+	data["Live"], data["PassLog"], data["Refresh"] = true, reaper.PassLogLength, s.refresh(r)
+	if err := s.live(ctx, data); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	reasons, truncated, err := s.deadByReason(ctx)
 	if err != nil {
 		s.fail(w, r, err)

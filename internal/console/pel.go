@@ -44,7 +44,7 @@ func newExplainer(cfg Config) (*reaper.Reaper, error) {
 	r, err := reaper.New(reaper.Config{Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Streams: sgs, DryRun: true,
 		Name: "console-explain", MinIdle: p.MinIdle, MaxDeliveries: p.MaxDeliveries, StoppedConsumers: p.StoppedConsumers,
 		Rules: p.Rules, ExternalLedger: p.ExternalLedger, ExternalMaxCall: p.ExternalMaxCall,
-		Lease: time.Hour, // only for New's heartbeat warning: a dry run holds nothing
+		Lease:  time.Hour, // only for New's heartbeat warning: a dry run holds nothing
 		Logger: slog.New(slog.DiscardHandler), Clock: cfg.Clock})
 	if err != nil {
 		return nil, fmt.Errorf("the PEL page's reaper policy: %w", err)
@@ -108,7 +108,9 @@ func (s *Server) pelPage(w http.ResponseWriter, r *http.Request) {
 	for k, n := range kinds {
 		counts = append(counts, kindN{k, n})
 	}
-	sort.Slice(counts, func(i, j int) bool { return counts[i].N > counts[j].N || counts[i].N == counts[j].N && counts[i].Kind < counts[j].Kind })
+	sort.Slice(counts, func(i, j int) bool {
+		return counts[i].N > counts[j].N || counts[i].N == counts[j].N && counts[i].Kind < counts[j].Kind
+	})
 	data["Counts"] = counts
 	if sum, err := s.cfg.Redis.XPending(ctx, st.Name, st.Group).Result(); err == nil {
 		data["Total"] = sum.Count
