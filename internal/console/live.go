@@ -147,15 +147,15 @@ func (s *Server) reaperPasses(ctx context.Context, n int) ([]passRow, error) {
 
 // auditRun is one of the auditor's last runs.
 type auditRun struct {
-	ID        int64
-	Started   time.Time
-	Took      string
-	Status    string
-	Scanned   int64
-	New       int
-	Resolved  int
-	Error     string
-	Manual    bool
+	ID       int64
+	Started  time.Time
+	Took     string
+	Status   string
+	Scanned  int64
+	New      int
+	Resolved int
+	Error    string
+	Manual   bool
 }
 
 const qAuditRuns = `SELECT id, started_at, finished_at, status, charges_scanned, findings_new, findings_resolved,
