@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"html/template"
+	"maps"
 	"math"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pelguard/pelguard/internal/pg"
 )
@@ -23,44 +27,118 @@ const (
 	chartPad   = 28
 )
 
-// hourly counts rows per hour since start, by series name: the query
-// returns (hour index, series, count).
-func hourly(ctx context.Context, db pg.DB, q string, start time.Time, into map[string][]float64) error {
-	rows, err := db.Query(ctx, q, start)
+// The hour of a row is counted from $1 in seconds, so the session's time
+// zone plays no part; $2 ends the range. The final failures are those of
+// the latest periods ($3) alone: they are read through
+// billing_records_period_status_idx, since an index on updated_at would
+// cost every ledger update its HOT update.
+const (
+	qChargedByHour = `SELECT floor(extract(epoch FROM charged_at - $1) / 3600)::int, 'charged', count(*)
+		FROM {schema}.billing_records WHERE status = 'charged' AND charged_at >= $1 AND charged_at < $2 GROUP BY 1`
+	qFailedByHour = `SELECT floor(extract(epoch FROM updated_at - $1) / 3600)::int, status, count(*)
+		FROM {schema}.billing_records WHERE billing_period = ANY($3) AND status IN ('declined', 'failed', 'action_required')
+		AND updated_at >= $1 AND updated_at < $2 GROUP BY 1, 2`
+	qOpenedByHour = `SELECT floor(extract(epoch FROM created_at - $1) / 3600)::int, 'opened', count(*)
+		FROM {schema}.audit_findings WHERE created_at >= $1 AND created_at < $2 GROUP BY 1`
+	qClosedByHour = `SELECT floor(extract(epoch FROM updated_at - $1) / 3600)::int, 'closed', count(*)
+		FROM {schema}.audit_findings WHERE state <> 'open' AND updated_at >= $1 AND updated_at < $2 GROUP BY 1`
+)
+
+// chartPeriods is how many of the latest billing periods the failures
+// chart reads.
+const chartPeriods = 2
+
+// hourSettle is how long after an hour ends its count is taken as final
+// (commits in flight at its end have landed).
+const hourSettle = 5 * time.Minute
+
+// hourCache keeps the counts of the hours that are over: a refresh counts
+// the current hour alone (at most a 24th of the day's rows), and an hour
+// is counted once more after it settled. Each process keeps its own.
+type hourCache struct {
+	mu    sync.Mutex
+	hours map[string]map[time.Time]cachedHour // by query
+}
+
+type cachedHour struct {
+	counts map[string]float64
+	at     time.Time // when counted
+}
+
+// counts returns sql's counts by series for the chartHours hours from
+// start: cached hours that had settled when counted, the rest read in one
+// query from the first hour missing.
+func (c *hourCache) counts(ctx context.Context, db pg.DB, sql string, start, now time.Time, args ...any) (map[string][]float64, error) {
+	c.mu.Lock()
+	if c.hours == nil {
+		c.hours = map[string]map[time.Time]cachedHour{}
+	}
+	key := sql + fmt.Sprint(args...)
+	cached := c.hours[key]
+	if cached == nil {
+		cached = map[time.Time]cachedHour{}
+		c.hours[key] = cached
+	}
+	cur := start.Add((chartHours - 1) * time.Hour)
+	from := cur
+	for h := start; h.Before(cur); h = h.Add(time.Hour) {
+		if ch, ok := cached[h]; !ok || ch.at.Before(h.Add(time.Hour+hourSettle)) {
+			from = h
+			break
+		}
+	}
+	c.mu.Unlock()
+	read := map[time.Time]map[string]float64{}
+	rows, err := db.Query(ctx, sql, append([]any{from, cur.Add(time.Hour)}, args...)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var h int
+		var off int
 		var name string
 		var n int64
-		if err := rows.Scan(&h, &name, &n); err != nil {
-			return err
+		if err := rows.Scan(&off, &name, &n); err != nil {
+			return nil, err
 		}
-		if h < 0 || h >= chartHours {
-			continue
+		h := from.Add(time.Duration(off) * time.Hour)
+		if read[h] == nil {
+			read[h] = map[string]float64{}
 		}
-		if into[name] == nil {
-			into[name] = make([]float64, chartHours)
-		}
-		into[name][h] += float64(n)
+		read[h][name] += float64(n)
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for h := from; h.Before(cur); h = h.Add(time.Hour) {
+		cached[h] = cachedHour{counts: read[h], at: now}
+	}
+	for h := range cached {
+		if h.Before(start) {
+			delete(cached, h)
+		}
+	}
+	out := map[string][]float64{}
+	add := func(i int, counts map[string]float64) {
+		for name, n := range counts {
+			if out[name] == nil {
+				out[name] = make([]float64, chartHours)
+			}
+			out[name][i] += n
+		}
+	}
+	for i := range chartHours {
+		h := start.Add(time.Duration(i) * time.Hour)
+		if h.Before(from) {
+			add(i, cached[h].counts)
+		} else {
+			add(i, read[h])
+		}
+	}
+	return out, nil
 }
-
-// The hour of a row is counted from $1 in seconds, so the session's time
-// zone plays no part.
-const (
-	qChargedByHour = `SELECT floor(extract(epoch FROM charged_at - $1) / 3600)::int, 'charged', count(*)
-		FROM {schema}.billing_records WHERE status = 'charged' AND charged_at >= $1 GROUP BY 1`
-	qFailedByHour = `SELECT floor(extract(epoch FROM updated_at - $1) / 3600)::int, status, count(*)
-		FROM {schema}.billing_records WHERE status IN ('declined', 'failed', 'action_required') AND updated_at >= $1 GROUP BY 1, 2`
-	qOpenedByHour = `SELECT floor(extract(epoch FROM created_at - $1) / 3600)::int, 'opened', count(*)
-		FROM {schema}.audit_findings WHERE created_at >= $1 GROUP BY 1`
-	qClosedByHour = `SELECT floor(extract(epoch FROM updated_at - $1) / 3600)::int, 'closed', count(*)
-		FROM {schema}.audit_findings WHERE state <> 'open' AND updated_at >= $1 GROUP BY 1`
-)
 
 // chart is one rendered chart.
 type chart struct {
@@ -74,17 +152,30 @@ type seriesTotal struct {
 	N    int64
 }
 
-func (s *Server) charts(ctx context.Context) ([]chart, error) {
-	start := s.now().Truncate(time.Hour).Add(-(chartHours - 1) * time.Hour)
-	billing, findings := map[string][]float64{}, map[string][]float64{}
-	for _, q := range []struct {
+// charts counts and draws the overview's charts; periods are the latest
+// billing periods, newest first.
+func (s *Server) charts(ctx context.Context, periods []string) ([]chart, error) {
+	now := s.now()
+	start := now.Truncate(time.Hour).Add(-(chartHours - 1) * time.Hour)
+	latest := periods[:min(len(periods), chartPeriods)]
+	qs := []struct {
 		sql  string
-		into map[string][]float64
-	}{{qChargedByHour, billing}, {qFailedByHour, billing}, {qOpenedByHour, findings}, {qClosedByHour, findings}} {
-		if err := hourly(ctx, s.db, q.sql, start, q.into); err != nil {
-			return nil, fmt.Errorf("counting rows per hour for the charts: %w", err)
-		}
+		args []any
+	}{{qChargedByHour, nil}, {qFailedByHour, []any{latest}}, {qOpenedByHour, nil}, {qClosedByHour, nil}}
+	got := make([]map[string][]float64, len(qs))
+	g, ctx := errgroup.WithContext(ctx)
+	for i, q := range qs {
+		g.Go(func() (err error) {
+			got[i], err = s.hours.counts(ctx, s.db, q.sql, start, now, q.args...)
+			return err
+		})
 	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("counting rows per hour for the charts: %w", err)
+	}
+	billing, findings := got[0], got[2]
+	maps.Copy(billing, got[1])
+	maps.Copy(findings, got[3])
 	return []chart{
 		renderChart("Billing outcomes per hour (ledger)", start, billing, []string{"charged", "declined", "failed", "action_required"}),
 		renderChart("Findings opened and closed per hour", start, findings, []string{"opened", "closed"}),

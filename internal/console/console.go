@@ -185,6 +185,11 @@ type Server struct {
 	replayMu chan struct{} // one replay at a time in this process
 	// explainer is a dry-run reaper: the PEL page's verdicts.
 	explainer *reaper.Reaper
+	// hours caches the charts' counts of the hours that are over.
+	hours hourCache
+	// liveOff leaves the live pipeline and the charts off the overview:
+	// the benchmark's baseline, the overview as it was before them.
+	liveOff bool
 }
 
 // New validates cfg and builds the Server.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/pg"
@@ -215,29 +216,37 @@ func (s *Server) webhooks(ctx context.Context) (webhookFreshness, error) {
 	return w, nil
 }
 
-// live gathers the live pipeline for the overview.
-func (s *Server) live(ctx context.Context, data map[string]any) error {
-	var err error
-	if data["Consumers"], err = s.consumers(ctx); err != nil {
-		return err
-	}
-	if data["Passes"], err = s.reaperPasses(ctx, 8); err != nil {
-		return err
-	}
-	if data["AuditRuns"], err = auditRuns(ctx, s.db, 5); err != nil {
-		return err
-	}
-	if data["Webhooks"], err = s.webhooks(ctx); err != nil {
-		return err
-	}
-	data["Prometheus"] = s.cfg.PrometheusURL != ""
+// liveData is the live pipeline, gathered at once (the parts read
+// different stores, and the overview's own queries run beside them).
+type liveData struct {
+	Consumers    []consumerRow
+	Passes       []passRow
+	AuditRuns    []auditRun
+	Webhooks     webhookFreshness
+	Limiter      []limiterRow
+	LimiterError string
+	Charts       []chart
+}
+
+// live gathers the live pipeline for the overview; periods are the latest
+// billing periods, newest first.
+func (s *Server) live(ctx context.Context, periods []string) (liveData, error) {
+	var d liveData
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { d.Consumers, err = s.consumers(ctx); return })
+	g.Go(func() (err error) { d.Passes, err = s.reaperPasses(ctx, 8); return })
+	g.Go(func() (err error) { d.AuditRuns, err = auditRuns(ctx, s.db, 5); return })
+	g.Go(func() (err error) { d.Webhooks, err = s.webhooks(ctx); return })
+	g.Go(func() (err error) { d.Charts, err = s.charts(ctx, periods); return })
 	if s.cfg.PrometheusURL != "" {
-		lim, err := s.limiter(ctx)
-		data["Limiter"] = lim
-		if err != nil {
-			data["LimiterError"] = redact.String(err.Error())
-		}
+		g.Go(func() error {
+			lim, err := s.limiter(ctx)
+			d.Limiter = lim
+			if err != nil {
+				d.LimiterError = redact.String(err.Error()) // shown; the page still renders
+			}
+			return nil
+		})
 	}
-	data["Charts"], err = s.charts(ctx)
-	return err
+	return d, g.Wait()
 }

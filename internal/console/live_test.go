@@ -120,7 +120,9 @@ func TestOverviewShowsLivePipeline(t *testing.T) {
 		t.Fatalf("the running consumer is not listed:\n%s", page)
 	}
 	cells := regexp.MustCompile(`(?s)<td[^>]*>(.*?)</td>`).FindAllStringSubmatch(row[1], -1)
-	cell := func(i int) string { return strings.TrimSpace(regexp.MustCompile(`<[^>]+>`).ReplaceAllString(cells[i][1], "")) }
+	cell := func(i int) string {
+		return strings.TrimSpace(regexp.MustCompile(`<[^>]+>`).ReplaceAllString(cells[i][1], ""))
+	}
 	if cell(2) != "0s ago" || cell(3) != "0" || cell(5) != fmt.Sprint(n) {
 		t.Errorf("running consumer: heartbeat %q, held %q, events %q; want 0s ago, 0, %d", cell(2), cell(3), cell(5), n)
 	}

@@ -106,6 +106,20 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		period = ps[0]
 	}
 	data := map[string]any{"Periods": ps, "Period": period}
+	// The live pipeline reads Redis and its own tables beside the queries below.
+	type liveResult struct {
+		d   liveData
+		err error
+	}
+	liveCh := make(chan liveResult, 1)
+	if s.liveOff {
+		liveCh <- liveResult{}
+	} else {
+		go func() {
+			d, err := s.live(ctx, ps)
+			liveCh <- liveResult{d, err}
+		}()
+	}
 	if data["LastRollback"], data["RollbackMissing"], err = s.lastRollback(ctx); err != nil {
 		s.fail(w, r, err)
 		return
@@ -136,10 +150,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"] = s.streamStats(ctx)
-	data["Live"], data["PassLog"], data["Refresh"] = true, reaper.PassLogLength, s.refresh(r)
-	if err := s.live(ctx, data); err != nil {
-		s.fail(w, r, err)
+	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
+	lr := <-liveCh
+	if lr.err != nil {
+		s.fail(w, r, lr.err)
 		return
+	}
+	if !s.liveOff {
+		data["Live"] = lr.d
 	}
 	reasons, truncated, err := s.deadByReason(ctx)
 	if err != nil {
