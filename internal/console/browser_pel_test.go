@@ -57,8 +57,11 @@ func TestBrowserPELPage(t *testing.T) {
 		t.Errorf("the charged entry's row does not show its ledger row: %q", charged)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(`//tr[@id="pel-`+w.dead+`"]//a[text()="consumer-dead"]`),
-		chromedp.WaitVisible(chromedp.CSS(`input[name=consumer][value=consumer-dead]`))); err != nil {
+		chromedp.WaitVisible(`//h1[starts-with(text(), "Pending entries")]`)); err != nil {
 		t.Fatal(err)
+	}
+	if u, err := chromedp.Run(ctx, chromedp.Location()); err != nil || !strings.Contains(u, "consumer=consumer-dead") {
+		t.Fatalf("after following consumer-dead: at %q (%v)", u, err)
 	}
 	if got := kinds(); len(got) != 2 || got[w.dead] != string(reaper.KindClaim) || got[w.charged] != string(reaper.KindAlreadyBilled) {
 		t.Errorf("consumer-dead's entries: %v", got)
