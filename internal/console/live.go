@@ -107,6 +107,7 @@ func (s *Server) consumers(ctx context.Context) ([]consumerRow, error) {
 type passRow struct {
 	reaper.PassRecord
 	Ago       string
+	Took      string
 	Decisions string
 	Error     string
 }
@@ -127,7 +128,8 @@ func (s *Server) reaperPasses(ctx context.Context, n int) ([]passRow, error) {
 				continue
 			}
 			seen[k] = true
-			row := passRow{PassRecord: p, Ago: ago(s.now().Sub(p.Started)), Error: redact.String(truncate(p.Error, 300))}
+			row := passRow{PassRecord: p, Ago: ago(max(0, s.now().Sub(p.Started))), Took: p.Duration.Round(time.Millisecond / 10).String(),
+				Error: redact.String(truncate(p.Error, 300))}
 			kinds := make([]string, 0, len(p.Decisions))
 			for k := range p.Decisions {
 				kinds = append(kinds, string(k))
