@@ -60,6 +60,7 @@ type pelRow struct {
 	Kind         string
 	Do           string // what the reaper would do, in words
 	Key, Reason  string
+	Detail       string // the dead letter's detail, for the kinds that dead-letter
 	Due          bool
 	Registered   bool
 	Beat         string // the owner's last heartbeat, "" when never
@@ -161,7 +162,7 @@ func (s *Server) pelRows(ctx context.Context, st Stream, owner, after string) ([
 	for i, x := range xs {
 		d := x.Decision
 		row := pelRow{ID: d.ID, Consumer: d.Consumer, Idle: d.Idle, Deliveries: d.Deliveries, Kind: string(d.Kind),
-			Do: verdictWords[d.Kind], Key: d.Key, Reason: redact.String(truncate(cmp.Or(x.Detail, d.Reason), 300)),
+			Do: verdictWords[d.Kind], Key: d.Key, Reason: redact.String(truncate(d.Reason, 300)), Detail: redact.String(truncate(x.Detail, 300)),
 			Due: x.Due, Registered: x.Registered, Row: x.Row}
 		if t, ok := beats[d.Consumer]; ok {
 			row.Beat = ago(now.Sub(t))
