@@ -228,6 +228,7 @@ type liveData struct {
 	Limiter      []limiterRow
 	LimiterError string
 	Charts       []chart
+	LimiterChart *chart
 }
 
 // live gathers the live pipeline for the overview; periods are the latest
@@ -243,8 +244,10 @@ func (s *Server) live(ctx context.Context, periods []string) (liveData, error) {
 	if s.cfg.PrometheusURL != "" {
 		g.Go(func() error {
 			lim, err := s.limiter(ctx)
-			d.Limiter = lim
-			if err != nil {
+			start := s.now().Truncate(time.Hour).Add(-(chartHours - 1) * time.Hour)
+			c, herr := s.limiterChart(ctx, start)
+			d.Limiter, d.LimiterChart = lim, &c
+			if err = errors.Join(err, herr); err != nil {
 				d.LimiterError = redact.String(err.Error()) // shown; the page still renders
 			}
 			return nil

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,18 @@ func fakePrometheus(t *testing.T, answers []promAnswer) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query().Get("query")
 		var result []map[string]any
+		if strings.HasSuffix(r.URL.Path, "/query_range") {
+			// The value of the query's fragment with the role "", at the end of the range.
+			for _, a := range answers {
+				if v, ok := a.Roles[""]; ok && strings.Contains(q, a.Frag) {
+					end, _ := strconv.ParseFloat(r.URL.Query().Get("end"), 64)
+					result = append(result, map[string]any{"metric": map[string]string{}, "values": [][]any{{end, v}}})
+					break
+				}
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": map[string]any{"resultType": "matrix", "result": result}})
+			return
+		}
 		for _, a := range answers {
 			if strings.Contains(q, a.Frag) {
 				for role, v := range a.Roles {
@@ -56,6 +69,8 @@ func fakePrometheus(t *testing.T, answers []promAnswer) *httptest.Server {
 func TestOverviewShowsLivePipeline(t *testing.T) {
 	t.Parallel()
 	prom := fakePrometheus(t, []promAnswer{
+		{`sum(increase(pelguard_stripe_limiter_requests_total{result="delayed"}`, map[string]string{"": "240"}},
+		{`sum(increase(pelguard_stripe_limiter_rate_limited_total`, map[string]string{"": "7"}},
 		{`result="delayed"`, map[string]string{"billing": "1.5"}},
 		{"rate_limited", map[string]string{"billing": "3"}},
 		{"wait_seconds", map[string]string{"billing": "0.25", "audit": "NaN"}},
@@ -131,7 +146,8 @@ func TestOverviewShowsLivePipeline(t *testing.T) {
 		"reaper-under-test", "dry run", // the pass log
 		"charge.succeeded", "1 in the last hour", // webhooks
 		"<td>billing</td><td class=\"n\">42.50</td><td class=\"n\">1.50</td><td class=\"n\">0.250s</td>", // the limiter
-		`<td class="n error">3</td>`, // 429s in the last hour
+		`<td class="n error">3</td>`,                    // 429s in the last hour
+		`429s 7 <span class="key k1"></span>waited 240`, // the limiter's chart, from a range query
 		`<meta http-equiv="refresh" content="15">`,
 		`<svg class="chart"`, "charged " + fmt.Sprint(n+1), // the consumer's three and the seeded one
 	} {

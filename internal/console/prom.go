@@ -114,3 +114,88 @@ func (s *Server) promQuery(ctx context.Context, q string) (map[string]float64, e
 	}
 	return out, nil
 }
+
+// limiterHistoryQueries are the limiter chart's series: per hour, summed
+// over the fleet.
+var limiterHistoryQueries = []struct{ name, q string }{
+	{"429s", `sum(increase(pelguard_stripe_limiter_rate_limited_total[1h]))`},
+	{"waited", `sum(increase(pelguard_stripe_limiter_requests_total{result="delayed"}[1h]))`},
+}
+
+// limiterChart asks Prometheus for the last day's 429s and waited requests
+// per hour (each value taken at the end of its hour) and draws them.
+func (s *Server) limiterChart(ctx context.Context, start time.Time) (chart, error) {
+	ctx, cancel := context.WithTimeout(ctx, promTimeout)
+	defer cancel()
+	data := map[string][]float64{}
+	var mu sync.Mutex
+	errs := make([]error, len(limiterHistoryQueries))
+	var wg sync.WaitGroup
+	for i, lq := range limiterHistoryQueries {
+		wg.Go(func() {
+			vals, err := s.promRange(ctx, lq.q, start.Add(time.Hour), start.Add(chartHours*time.Hour))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			series := make([]float64, chartHours)
+			for ts, v := range vals {
+				if h := int(ts.Sub(start)/time.Hour) - 1; h >= 0 && h < chartHours {
+					series[h] += v
+				}
+			}
+			mu.Lock()
+			data[lq.name] = series
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	names := make([]string, len(limiterHistoryQueries))
+	for i, lq := range limiterHistoryQueries {
+		names[i] = lq.name
+	}
+	return renderChart("Stripe: 429s and waited requests per hour (Prometheus)", start, data, names), errors.Join(errs...)
+}
+
+// promRange runs a range query with an hour's step and returns its first
+// series' values by time (a sum without labels has one).
+func (s *Server) promRange(ctx context.Context, q string, from, to time.Time) (map[time.Time]float64, error) {
+	u := s.cfg.PrometheusURL + "/api/v1/query_range?" + url.Values{"query": {q},
+		"start": {strconv.FormatInt(from.Unix(), 10)}, "end": {strconv.FormatInt(to.Unix(), 10)}, "step": {"3600"}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("asking Prometheus: %w", err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []struct {
+				Values [][2]any `json:"values"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&body); err != nil {
+		return nil, fmt.Errorf("Prometheus answered %s: %w", resp.Status, err)
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("Prometheus answered %s: %s", resp.Status, body.Error)
+	}
+	out := map[time.Time]float64{}
+	if len(body.Data.Result) == 0 {
+		return out, nil
+	}
+	for _, p := range body.Data.Result[0].Values {
+		ts, _ := p[0].(float64)
+		str, _ := p[1].(string)
+		if v, err := strconv.ParseFloat(str, 64); err == nil && v == v {
+			out[time.Unix(int64(ts), 0)] = v
+		}
+	}
+	return out, nil
+}
