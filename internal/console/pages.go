@@ -27,9 +27,12 @@ func parsePages() (map[string]*template.Template, error) {
 		"ago":   func(t time.Time) string { return ago(time.Since(t)) },
 		"dur":   ago,
 		"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-		"q":     url.QueryEscape,
-		"id64":  func(n int64) string { return strconv.FormatInt(n, 10) },
-		"span":  span,
+		// q escapes a query value once: html/template escapes a plain
+		// string in a URL's query again (a stream "billing:events" became
+		// billing%253Aevents); QueryEscape's output is safe as a URL part.
+		"q":    func(v string) template.URL { return template.URL(url.QueryEscape(v)) },
+		"id64": func(n int64) string { return strconv.FormatInt(n, 10) },
+		"span": span,
 	}
 	out := map[string]*template.Template{}
 	for _, p := range pageNames {
