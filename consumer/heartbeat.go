@@ -125,6 +125,13 @@ type heartbeat struct {
 
 	mu    sync.Mutex
 	holds map[string]*hold // stream + "\x00" + id
+
+	// events counts the stream entries this processor handled (any
+	// outcome); register publishes it with the rate since its last beat
+	// (liveness.go, Stats).
+	events    atomic.Int64
+	statsMu   sync.Mutex
+	statsLast Stats
 }
 
 func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, stream, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {
@@ -208,7 +215,8 @@ func (hb *heartbeat) register(ctx context.Context) {
 	if hb.stream == "" {
 		return
 	}
-	if err := Register(ctx, hb.rdb, hb.stream, hb.group, hb.name, hb.ledger.Now()); err != nil && ctx.Err() == nil {
+	now := hb.ledger.Now()
+	if err := registerWithStats(ctx, hb.rdb, hb.stream, hb.group, hb.name, now, hb.stats(now)); err != nil && ctx.Err() == nil {
 		hb.logger.WarnContext(ctx, "heartbeat: registering liveness failed", slog.Any("error", err))
 	}
 }

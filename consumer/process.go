@@ -121,6 +121,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 	end := func(out Outcome, err error) {
 		endEvent(span, out, err)
 		p.cfg.Metrics.event(h.stream, out)
+		p.hb.events.Add(1)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
 		} else {
