@@ -3,7 +3,8 @@
 // `migrate up|down|status`.
 //
 // Two `migrate up` at once are safe: goose holds a Postgres session advisory
-// lock for the whole run, so the second waits and then finds nothing to do.
+// lock of the schema's own for the whole run, so the second waits and then
+// finds nothing to do; other schemas of the database never wait for it.
 package migrations
 
 import (
@@ -12,6 +13,7 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
@@ -59,7 +61,10 @@ func New(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*Migrator, err
 	if err := pg.ValidSchema(schema); err != nil {
 		return nil, err
 	}
-	locker, err := lock.NewPostgresSessionLocker()
+	// One lock per schema: two `migrate up` of one schema still run one
+	// after the other, but schemas never wait on each other (goose's
+	// default lock id is one for the whole database).
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(schema)))
 	if err != nil {
 		return nil, fmt.Errorf("creating migration lock: %w", err)
 	}
@@ -139,4 +144,12 @@ func versions(res []*goose.MigrationResult) []int64 {
 		}
 	}
 	return out
+}
+
+// lockID is schema's migration lock: a session advisory lock id derived
+// from its name.
+func lockID(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("pelguard-migrate:" + schema))
+	return int64(h.Sum64() >> 1)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/migrations"
@@ -231,5 +232,48 @@ func TestMeterConstraints(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, slot, "pg_2", 8); err == nil {
 		t.Error("a second slot of one customer and meter accepted")
+	}
+}
+
+// Each schema has a migration lock of its own: a migration of one schema
+// never waits for another's (tests migrate hundreds of schemas at once).
+func TestMigrationLockIsPerSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	held, _ := testenv.BareDB(t)
+	other, _ := testenv.BareDB(t)
+	conn, err := held.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// Another process is migrating the first schema: it holds its lock.
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID(testenv.SchemaOf(held))); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID(testenv.SchemaOf(held))) }()
+	m, err := migrations.New(other, testenv.SchemaOf(other), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if v, err := m.Up(cctx); err != nil || len(v) != embedded(t) {
+		t.Fatalf("migrating another schema while one is locked: %d applied, %v", len(v), err)
+	}
+	if migrations.LockID(testenv.SchemaOf(held)) == migrations.LockID(testenv.SchemaOf(other)) {
+		t.Fatal("two schemas share a lock id")
+	}
+	// And the held schema's own migration does wait for that lock.
+	mh, err := migrations.New(held, testenv.SchemaOf(held), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mh.Close()
+	sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+	defer scancel()
+	if v, err := mh.Up(sctx); err == nil {
+		t.Fatalf("migrated %d past another migration's lock of the same schema", len(v))
 	}
 }

@@ -1,0 +1,4 @@
+package migrations
+
+// LockID is lockID, for tests.
+var LockID = lockID
