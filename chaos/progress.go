@@ -69,6 +69,35 @@ func (p *progress) finish(_ *cell, r Result) {
 	p.drawn = false
 }
 
+// finishUsage writes a usage cell's result line.
+func (p *progress) finishUsage(r UsageResult) {
+	if p == nil || p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rewrite {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+	fmt.Fprintf(p.w, "chaos: %s: %d events, %d units expected, Stripe counts %d: %d over-counted in %d event(s), %d parked in %.1fs\n",
+		p.label, r.Events, r.ExpectedUnits, r.StripeUnits, r.OverCountUnits, r.OverCountEvents, r.Parked, r.Elapsed.Seconds())
+	p.drawn = false
+}
+
+// failLine writes a failure line for the current cell's label, or for
+// label when one is given (a cell that could not even be set up).
+func (p *progress) failLine(label string, elapsed time.Duration, why string) {
+	if p == nil || p.w == nil {
+		return
+	}
+	if label == "" {
+		p.mu.Lock()
+		label = p.label
+		p.mu.Unlock()
+	}
+	p.note(fmt.Sprintf("%s: FAILED after %.1fs: %s", label, elapsed.Seconds(), why))
+}
+
 // fail writes a cell's failure line; c is nil when the cell could not even
 // be set up.
 func (p *progress) fail(c *cell, n, total int, r Result) {
