@@ -45,6 +45,8 @@ type drill struct {
 	admin    *pgxpool.Pool
 	progress *progress
 	log      *slog.Logger
+	// prep makes the usage scenarios' pelguard schemas ahead (usageprep.go).
+	prep *schemaPrep
 
 	mu      sync.Mutex
 	schemas []string

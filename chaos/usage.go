@@ -137,11 +137,12 @@ type usageCell struct {
 }
 
 // newUsageCell sets up a usage scenario's cell: its stream, emulator (with
-// the sum meter), the events and, for pelguard, a migrated schema. The
+// the sum meter), the events and, for pelguard, the schema made for it
+// (usageprep.go). The
 // events go round-robin over a quarter as many customers (at least 10), so
 // a batch of 10 never holds two of one customer, and each customer's total
 // is several events.
-func (d *drill) newUsageCell(ctx context.Context, scenario, mode string, n int) (*cell, func(), error) {
+func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
 	c := &cell{
 		d: d, scenario: scenario, mode: mode, rdb: d.rdb, redisURL: d.cfg.RedisURL,
 		stream: "chaos:" + d.runID + ":" + scenario + ":" + mode, group: "billing",
@@ -172,13 +173,13 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string, n int) 
 	}
 	c.usage.meterID = m.ID
 	if mode == ModePelguard {
-		pool, url, schema, err := d.newSchema(ctx, fmt.Sprintf("%d", n))
+		ps, err := d.prep.take(ctx, scenario)
 		if err != nil {
 			return nil, cleanup, err
 		}
-		c.pool, c.dbURL, c.schema = pool, url, schema
-		closers = append(closers, pool.Close)
-		if c.usage.ledger, err = meterledger.New(pool, meterledger.Config{Schema: schema, Clock: c.clk}); err != nil {
+		c.pool, c.dbURL, c.schema = ps.pool, ps.url, ps.schema
+		closers = append(closers, ps.pool.Close)
+		if c.usage.ledger, err = meterledger.New(ps.pool, meterledger.Config{Schema: ps.schema, Clock: c.clk}); err != nil {
 			return nil, cleanup, err
 		}
 	}
@@ -420,16 +421,43 @@ func (c *cell) readDeadLetters(ctx context.Context) error {
 	return nil
 }
 
+// runUsageCells runs a usage scenario's modes at once, numbered from n+1,
+// and returns their results in mode order and their errors.
+func (d *drill) runUsageCells(ctx context.Context, scenario string, n, total int) ([]UsageResult, []error) {
+	modes := modesOf(scenario)
+	res := make([]UsageResult, len(modes))
+	errs := make([]error, len(modes))
+	var wg sync.WaitGroup
+	for i, mode := range modes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = d.runUsageCell(ctx, scenario, mode, n+i+1, total)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("%s/%s: %w", scenario, mode, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return res, out
+}
+
 // runUsageCell runs one usage scenario in one mode and counts it. A cell
 // that cannot finish is in the result with the reason (and the counts it
 // reached when they can still be read).
 func (d *drill) runUsageCell(ctx context.Context, scenario, mode string, n, total int) (res UsageResult, err error) {
 	res = UsageResult{Scenario: scenario, Mode: mode, Events: d.cfg.Events}
-	c, cleanup, err := d.newUsageCell(ctx, scenario, mode, n)
+	c, cleanup, err := d.newUsageCell(ctx, scenario, mode)
 	defer cleanup()
 	if err != nil {
 		res.Error = redact.String(err.Error())
-		d.progress.failLine(fmt.Sprintf("[%d/%d] %s / %s", n, total, scenario, mode), 0, res.Error)
+		d.progress.fail(nil, n, total, scenario, mode, 0, res.Error)
 		return res, err
 	}
 	d.progress.start(c, n, total)
@@ -443,7 +471,7 @@ func (d *drill) runUsageCell(ctx context.Context, scenario, mode string, n, tota
 		_ = c.countUsage(cctx, &res)
 		res.Error = redact.String(err.Error())
 		res.Elapsed = time.Since(c.started)
-		d.progress.failLine("", res.Elapsed, res.Error)
+		d.progress.fail(c, n, total, scenario, mode, res.Elapsed, res.Error)
 	}()
 	run := map[string]func(context.Context, *cell) error{
 		ScenarioUsageInflightReclaim: usageInflightReclaim,
@@ -459,6 +487,6 @@ func (d *drill) runUsageCell(ctx context.Context, scenario, mode string, n, tota
 		return res, err
 	}
 	res.Elapsed = time.Since(c.started)
-	d.progress.finishUsage(res)
+	d.progress.finishUsage(c, res)
 	return res, nil
 }
