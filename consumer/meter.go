@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -54,9 +55,13 @@ type MeterConfig struct {
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
 	Witness    LedgerWitness // see Config.Witness
-	Notifier   alerts.Notifier
-	Logger     *slog.Logger
-	Clock      clock.Clock
+	// Metrics counts outcomes (pelguard_consumer_events_total with the
+	// meter outcomes), Stripe calls, in-flight events and dead letters;
+	// optional.
+	Metrics  *Metrics
+	Notifier alerts.Notifier
+	Logger   *slog.Logger
+	Clock    clock.Clock
 }
 
 func (c *MeterConfig) setDefaults() {
@@ -97,6 +102,7 @@ func NewMeterConsumer(cfg MeterConfig) (*MeterConsumer, error) {
 	if _, ok := cfg.Witness.(noWitness); !ok {
 		l.SetWitness(cfg.Witness)
 	}
+	cfg.Metrics.startMeterStream(cfg.Stream)
 	return &MeterConsumer{cfg: cfg, ledger: l}, nil
 }
 
@@ -110,6 +116,17 @@ type MeterBatch struct {
 	DeadLetters int // invalid, refused by Stripe, outside Stripe's window, conflicting
 	Parked      int // unknown outcome past the window: not re-sent, alerted
 	Left        int // left pending: busy, its customer's meter slot taken, held, or a transient outcome
+	// Outcomes is each entry's outcome, by stream id.
+	Outcomes map[string]Outcome
+}
+
+// count records entry id's outcome in b and in the metrics.
+func (c *MeterConsumer) count(b *MeterBatch, id string, o Outcome) {
+	if b.Outcomes == nil {
+		b.Outcomes = map[string]Outcome{}
+	}
+	b.Outcomes[id] = o
+	c.cfg.Metrics.event(c.cfg.Stream, o)
 }
 
 // Run reads and processes until ctx ends: its own pending entries first
@@ -205,7 +222,46 @@ type pendingMsg struct {
 // witness's mirror, the acks and the dead letters. Entries it leaves
 // pending are redelivered.
 func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage) (MeterBatch, error) {
+	b, _, err := c.process(ctx, msgs)
+	return b, err
+}
+
+// Redrive processes entries the reaper claimed to this consumer's name,
+// going back to those left pending for as long as a round makes progress:
+// a customer's meter takes one call at a time, so a dead consumer's batch
+// of one busy customer is sent over as many rounds as it has events. What
+// is still left (a slot held by a live consumer's call, a transient error)
+// stays pending for the reaper's next pass.
+func (c *MeterConsumer) Redrive(ctx context.Context, msgs []redis.XMessage) (MeterBatch, error) {
+	var total MeterBatch
+	for len(msgs) > 0 && ctx.Err() == nil {
+		b, left, err := c.process(ctx, msgs)
+		total.Delivered += b.Delivered
+		total.Already += b.Already
+		total.DeadLetters += b.DeadLetters
+		total.Parked += b.Parked
+		if total.Outcomes == nil {
+			total.Outcomes = b.Outcomes
+		} else {
+			maps.Copy(total.Outcomes, b.Outcomes) // a later round's outcome is the entry's last
+		}
+		if err != nil {
+			total.Left = len(msgs)
+			return total, err
+		}
+		if len(left) == len(msgs) {
+			break // no progress this round
+		}
+		msgs = left
+	}
+	total.Left = len(msgs)
+	return total, nil
+}
+
+// process is ProcessBatch, also returning the entries it left pending.
+func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (MeterBatch, []redis.XMessage, error) {
 	var b MeterBatch
+	var left []redis.XMessage
 	now := c.cfg.Clock.Now()
 	var dead []Dead
 	var reqs []meterledger.Request
@@ -215,9 +271,10 @@ func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage)
 		if err != nil {
 			var re *event.RejectError
 			if !errors.As(err, &re) {
-				return b, err
+				return b, msgs, err
 			}
 			dead = append(dead, Dead{Msg: m, Reason: re.Reason, Detail: re.Error()})
+			c.count(&b, m.ID, OutcomeDeadLetter)
 			continue
 		}
 		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
@@ -227,7 +284,7 @@ func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage)
 	}
 	claims, err := c.ledger.Reserve(ctx, reqs)
 	if err != nil {
-		return b, fmt.Errorf("reserving %d meter events: %w", len(reqs), err)
+		return b, msgs, fmt.Errorf("reserving %d meter events: %w", len(reqs), err)
 	}
 	var acks []string
 	var send []*pendingMsg
@@ -240,16 +297,22 @@ func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
 			b.Already++
 			acks = append(acks, it.msg.ID)
+			c.count(&b, it.msg.ID, OutcomeAlreadyBilled)
 		case meterledger.Parked:
 			b.Parked++
 			c.alertParked(it.req, cl.Reason)
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
+			c.count(&b, it.msg.ID, OutcomeParked)
 		case meterledger.OutsideWindow:
 			dead = append(dead, Dead{Msg: it.msg, Reason: event.ReasonTimestampOutside, Detail: cl.Reason})
+			c.count(&b, it.msg.ID, OutcomeDeadLetter)
 		case meterledger.Conflict:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonConflict, Detail: cl.Reason})
+			c.count(&b, it.msg.ID, OutcomeDeadLetter)
 		default: // Busy, SlotBusy, Held
 			b.Left++
+			left = append(left, it.msg)
+			c.count(&b, it.msg.ID, OutcomeBusy)
 		}
 	}
 	c.sendAll(ctx, send)
@@ -259,24 +322,29 @@ func (c *MeterConsumer) ProcessBatch(ctx context.Context, msgs []redis.XMessage)
 	}
 	recorded, err := c.ledger.Finish(context.WithoutCancel(ctx), outs)
 	if err != nil {
-		return b, fmt.Errorf("recording %d meter events: %w", len(outs), err)
+		return b, msgs, fmt.Errorf("recording %d meter events: %w", len(outs), err)
 	}
 	for i, it := range send {
 		switch {
 		case !recorded[i] || it.out.Result == meterledger.Release:
 			b.Left++ // lost its lease, or a transient outcome: the next delivery decides
+			left = append(left, it.msg)
+			c.count(&b, it.msg.ID, OutcomeRetryLater)
 		case it.out.Result == meterledger.Delivered:
 			b.Delivered++
 			acks = append(acks, it.msg.ID)
+			c.count(&b, it.msg.ID, OutcomeDelivered)
 		case it.out.Result == meterledger.Failed:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
+			c.count(&b, it.msg.ID, OutcomeFailed)
 		case it.out.Result == meterledger.Park:
 			b.Parked++
 			c.alertParked(it.req, it.out.Reason)
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason})
+			c.count(&b, it.msg.ID, OutcomeParked)
 		}
 	}
-	return b, c.settle(ctx, acks, dead, &b)
+	return b, left, c.settle(ctx, acks, dead, &b)
 }
 
 // Dead-letter reasons of the meter consumer.
@@ -306,8 +374,12 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			r := it.req
+			c.cfg.Metrics.held(c.cfg.Stream, 1)
+			defer c.cfg.Metrics.held(c.cfg.Stream, -1)
+			start := time.Now()
 			_, err := c.cfg.Stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: r.Event.EventName,
 				StripeCustomerID: r.Event.StripeCustomerID, Value: r.Event.Value, Identifier: r.Identifier, Timestamp: r.Event.Timestamp})
+			c.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 			it.out = meterOutcome(it.claim.Hold(), err)
 		}()
 	}
@@ -376,6 +448,7 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 				return fmt.Errorf("dead-lettering %s: %w", dead[i].Msg.ID, err)
 			}
 			b.DeadLetters++
+			c.cfg.Metrics.deadLetter(c.cfg.Stream, dead[i].Reason)
 		}
 	}
 	return nil

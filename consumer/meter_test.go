@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
@@ -35,9 +36,14 @@ func meterWorld(t *testing.T, simNow time.Time) *bundle {
 
 func (b *bundle) meterConsumer(t *testing.T, name string) *consumer.MeterConsumer {
 	t.Helper()
+	return b.meterConsumerWith(t, name, nil)
+}
+
+func (b *bundle) meterConsumerWith(t *testing.T, name string, m *consumer.Metrics) *consumer.MeterConsumer {
+	t.Helper()
 	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
 		Stripe: b.stripe, Stream: b.stream, Group: b.group, Name: name, Namespace: "test", Block: 50 * time.Millisecond,
-		Lease: 3 * time.Second, Logger: testenv.Logger(t), Clock: b.clk})
+		Lease: 3 * time.Second, Metrics: m, Logger: testenv.Logger(t), Clock: b.clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +95,9 @@ func TestMeterEventsAreCountedOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
+	m := consumer.NewMetrics(prometheus.NewRegistry())
 	for _, name := range []string{"m-a", "m-b"} {
-		c := b.meterConsumer(t, name)
+		c := b.meterConsumerWith(t, name, m)
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	}
@@ -101,6 +108,9 @@ func TestMeterEventsAreCountedOnce(t *testing.T) {
 	b.assertMeterTotals(t, sums(evs))
 	if c := b.sim.MeterEventCounts(); c.Concurrent != 0 || c.Recorded != 120 {
 		t.Fatalf("emulator counts %+v: want 120 recorded and no call while another of the customer's was in flight", c)
+	}
+	if n := consumer.EventsCounted(m, b.stream, consumer.OutcomeDelivered); n != 120 {
+		t.Fatalf("pelguard_consumer_events_total{outcome=delivered} = %v, want 120", n)
 	}
 }
 

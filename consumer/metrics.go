@@ -68,6 +68,18 @@ func (m *Metrics) startStream(stream string) {
 	m.inFlight.WithLabelValues(stream)
 }
 
+// startMeterStream is startStream for a meter-event stream's outcomes.
+func (m *Metrics) startMeterStream(stream string) {
+	if m == nil {
+		return
+	}
+	for _, o := range []Outcome{OutcomeDelivered, OutcomeAlreadyBilled, OutcomeFailed, OutcomeDeadLetter,
+		OutcomeParked, OutcomeBusy, OutcomeRetryLater} {
+		m.events.WithLabelValues(stream, string(o))
+	}
+	m.inFlight.WithLabelValues(stream)
+}
+
 func (m *Metrics) event(stream string, outcome Outcome) {
 	if m != nil {
 		m.events.WithLabelValues(stream, string(outcome)).Inc()

@@ -39,6 +39,18 @@ const (
 	// OutcomeActionRequired: Stripe needs the customer; ledger
 	// action_required + dead letter: replay it once fixed.
 	OutcomeActionRequired Outcome = "action_required"
+
+	// The meter consumer's own outcomes (consumer/meter.go); it uses
+	// AlreadyBilled (delivered before: acked without a call), Failed
+	// (Stripe refused it for good), DeadLetter, Busy and RetryLater as
+	// above.
+
+	// OutcomeDelivered: Stripe counted the meter event (or refused its
+	// identifier as one it already has); recorded delivered, acked.
+	OutcomeDelivered Outcome = "delivered"
+	// OutcomeParked: the event's outcome is unknown and Stripe may no
+	// longer recognise its identifier: not sent again; dead letter + alert.
+	OutcomeParked Outcome = "parked"
 )
 
 // Acked reports whether the entry was acknowledged.

@@ -60,6 +60,14 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 			errs = append(errs, fmt.Errorf("consumer hygiene on %s: %w", st, err))
 		}
 	}
+	for _, ms := range r.meters {
+		if err := r.reapMeterStream(ctx, workCtx, ms, p, wg); err != nil {
+			errs = append(errs, fmt.Errorf("reaping meter stream %s: %w", ms, err))
+		}
+		if err := r.hygiene(ctx, ms.streamState, p); err != nil {
+			errs = append(errs, fmt.Errorf("consumer hygiene on %s: %w", ms, err))
+		}
+	}
 	elapsed := time.Since(start)
 	r.cfg.Metrics.passDone(elapsed)
 	if wg != nil {
@@ -67,7 +75,7 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 	}
 	sum := p.summary()
 	sum.Duration = elapsed
-	attrs := []any{slog.Int("streams", len(r.streams)), slog.Int("scanned", sum.Scanned),
+	attrs := []any{slog.Int("streams", len(r.streams)+len(r.meters)), slog.Int("scanned", sum.Scanned),
 		slog.Duration("duration", elapsed), slog.Bool("dry_run", r.cfg.DryRun)}
 	for k, n := range sum.Decisions {
 		attrs = append(attrs, slog.Int(string(k), n))

@@ -38,6 +38,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
@@ -82,7 +83,17 @@ type Config struct {
 	// Stripe is the re-drive's Stripe adapter; required unless DryRun.
 	Stripe consumer.Stripe
 
-	Streams []StreamGroup // required, at least one
+	Streams []StreamGroup // charge streams; this or MeterStreams required
+
+	// MeterStreams are meter-event streams (`pelguard-consumer
+	// meter-events`), decided against the meter ledger (meter.go) and
+	// re-driven through the meter consumer's processing under the same
+	// Namespace, Lease and Witness. MeterStripe, MeterRules and
+	// MeterSafeWindow must match the meter consumers'.
+	MeterStreams    []StreamGroup
+	MeterStripe     consumer.MeterSender // required with MeterStreams unless DryRun
+	MeterRules      event.MeterRules
+	MeterSafeWindow time.Duration
 
 	// Name is the consumer name the reaper claims to. Empty: "reaper-" plus
 	// a unique per-process name, so two reapers never share a PEL.
@@ -207,10 +218,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("reaper: --db-schema: %w", pg.ValidSchema(c.Schema))
 	case c.Retry.Validate() != nil:
 		return fmt.Errorf("reaper: %w", c.Retry.Validate())
-	case c.Stripe == nil && !c.DryRun:
+	case c.Stripe == nil && !c.DryRun && len(c.Streams) > 0:
 		return errors.New("reaper: Stripe client is required (only --dry-run runs without one)")
-	case len(c.Streams) == 0:
-		return errors.New("reaper: at least one --stream is required")
+	case c.MeterStripe == nil && !c.DryRun && len(c.MeterStreams) > 0:
+		return errors.New("reaper: a Stripe client for meter events is required with meter streams (only --dry-run runs without one)")
+	case len(c.Streams) == 0 && len(c.MeterStreams) == 0:
+		return errors.New("reaper: at least one --stream (or --meter-stream) is required")
 	case c.MinIdle < time.Millisecond:
 		return fmt.Errorf("reaper: --min-idle %s must be at least 1ms (it is the XCLAIM fence)", c.MinIdle)
 	case c.Interval <= 0:
@@ -228,7 +241,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	seen := map[string]bool{}
-	for _, s := range c.Streams {
+	for _, s := range append(append([]StreamGroup(nil), c.Streams...), c.MeterStreams...) {
 		if s.Stream == "" || s.Group == "" {
 			return fmt.Errorf("reaper: stream %q needs a name and a group", s.String())
 		}
@@ -259,6 +272,9 @@ type Reaper struct {
 	mu       sync.Mutex
 	inFlight map[string]bool // stream + "\x00" + id
 	ledger   *ledger.Ledger
+	// meters are Config.MeterStreams; meterLedger reads their rows.
+	meters      []*meterStream
+	meterLedger *meterledger.Ledger
 	// team is the team's table in the external-ledger mode; nil otherwise.
 	team *teamTable
 	// imported is the set of periods with imported history, read each pass;
@@ -329,6 +345,9 @@ func New(cfg Config) (*Reaper, error) {
 			st.proc = p
 		}
 		r.streams = append(r.streams, st)
+	}
+	if err := r.newMeterStreams(); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -152,11 +152,12 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	defer pool.Close()
 	defer mon.Close() // before the pool closes
 	var cs []*consumer.MeterConsumer
+	metrics := consumer.NewMetrics(reg)
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
 			Workers: o.Workers, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
-			Notifier: notifier, Logger: logger})
+			Metrics: metrics, Notifier: notifier, Logger: logger})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}

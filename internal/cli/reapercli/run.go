@@ -50,6 +50,8 @@ type RunOptions struct {
 	ExternalMaxCall    time.Duration
 	ExternalInsert     string
 	Streams            cli.Streams
+	MeterStreams       cli.Streams
+	MeterSafeWindow    time.Duration
 	Group              string
 	Name               string
 	MinIdle            time.Duration
@@ -69,7 +71,8 @@ type RunOptions struct {
 	Stripe             cli.Stripe
 	Slack              cli.Slack
 
-	streams []reaper.StreamGroup // resolved by Validate
+	streams      []reaper.StreamGroup // resolved by Validate
+	meterStreams []reaper.StreamGroup
 }
 
 func (o *RunOptions) register(fs *flag.FlagSet) {
@@ -82,6 +85,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the article's INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
+	fs.Var(&o.MeterStreams, "meter-stream", "meter-event stream to reap (the streams of pelguard-consumer meter-events), repeatable: name (with --group) or name=group;\n"+
+		"its entries are decided against the meter ledger. Given alone, no charge stream is reaped unless --stream is given too")
+	fs.DurationVar(&o.MeterSafeWindow, "meter-safe-window", 23*time.Hour, "with --meter-stream: the meter consumers' --safe-window (an event of unknown outcome is re-sent only this long after its first attempt)")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_REAPER_NAME", ""), "consumer name the reaper claims to; empty: reaper-host-pid-random [PELGUARD_REAPER_NAME]")
 	fs.DurationVar(&o.MinIdle, "min-idle", cli.EnvDuration("PELGUARD_MIN_IDLE", reaper.DefaultMinIdle), "consider entries idle at least this long; also the XCLAIM fence.\nKeep it well above the consumers' heartbeat (lease/3) [PELGUARD_MIN_IDLE]")
 	fs.DurationVar(&o.Interval, "interval", reaper.DefaultInterval, "time between passes (without --once)")
@@ -109,13 +115,26 @@ func (o *RunOptions) Validate() error {
 	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
 		return err
 	}
-	pairs, err := o.Streams.Resolve(o.Group)
-	if err != nil {
-		return err
+	if len(o.MeterStreams) > 0 {
+		pairs, err := o.MeterStreams.Resolve(o.Group)
+		if err != nil {
+			return fmt.Errorf("--meter-stream: %w", err)
+		}
+		for _, p := range pairs {
+			o.meterStreams = append(o.meterStreams, reaper.StreamGroup{Stream: p.Stream, Group: p.Group})
+		}
+		if o.MeterSafeWindow <= 0 || o.MeterSafeWindow >= stripeapi.MeterIdentifierWindow {
+			return cli.Usagef("--meter-safe-window %s must be positive and below Stripe's %s identifier window", o.MeterSafeWindow, stripeapi.MeterIdentifierWindow)
+		}
 	}
-	o.streams = make([]reaper.StreamGroup, len(pairs))
-	for i, p := range pairs {
-		o.streams[i] = reaper.StreamGroup{Stream: p.Stream, Group: p.Group}
+	if len(o.Streams) > 0 || len(o.MeterStreams) == 0 {
+		pairs, err := o.Streams.Resolve(o.Group)
+		if err != nil {
+			return err
+		}
+		for _, p := range pairs {
+			o.streams = append(o.streams, reaper.StreamGroup{Stream: p.Stream, Group: p.Group})
+		}
 	}
 	if err := o.Retries.Validate(); err != nil {
 		return err
@@ -223,6 +242,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
+	if ms, ok := sc.(consumer.MeterSender); ok && len(cfg.MeterStreams) > 0 {
+		cfg.MeterStripe = ms
+	}
 	if c, ok := sc.(*stripeapi.Client); ok { // a dry run has no Stripe client: it detects and fences, never repairs
 		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
@@ -282,7 +304,7 @@ func (o *RunOptions) config() reaper.Config {
 		consumerIdle = -1 // the flag's 0 means never; the library's 0 means its default
 	}
 	return reaper.Config{
-		Streams: o.streams, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
+		Streams: o.streams, MeterStreams: o.meterStreams, MeterSafeWindow: o.MeterSafeWindow, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
 		Retry:  o.Retries.Policy(),

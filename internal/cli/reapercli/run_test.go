@@ -136,3 +136,59 @@ func TestOnceRedrivesThroughStripe(t *testing.T) {
 		t.Fatalf("pending %+v (%v), want none", p, err)
 	}
 }
+
+// `reaper run --meter-stream` re-drives a dead meter consumer's events
+// through the meter ledger: each counted once at Stripe; --stream is not
+// needed (and billing-stream is not reaped).
+func TestOnceRedrivesMeterEvents(t *testing.T) {
+	t.Parallel()
+	_, url := testenv.DBWithURL(t)
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	stream, group := testenv.Name(t, "usage"), "meters"
+	testenv.CleanupKeys(t, rdb, stream, consumer.DeadLetterStream(stream))
+	if err := consumer.EnsureGroup(ctx, rdb, stream, group); err != nil {
+		t.Fatal(err)
+	}
+	sim, err := stripesim.New(stripesim.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	if _, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: "api_requests"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e := event.MeterEvent{EventName: "api_requests", StripeCustomerID: "cus_1", Value: int64(i + 1),
+			Timestamp: time.Now().Add(-time.Minute).Truncate(time.Second), EventID: "req-" + string(rune('a'+i))}
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{"payload": e.Payload()}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "dead",
+		Streams: []string{stream, ">"}, Count: 10, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // idle past --min-idle 1ms
+	var out, errb testenv.SyncBuffer
+	args := []string{"--once", "--meter-stream", stream + "=" + group, "--min-idle", "1ms",
+		"--redis-url", testenv.RedisURL(), "--database-url", url, "--db-schema", testenv.SchemaOfURL(url),
+		"--metrics-addr", "", "--namespace", "test",
+		"--stripe-key", "sk_test_reaper_cmd", "--stripe-api-base", sim.URL()}
+	if code := Main(ctx, args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if got := sim.MeterTotal("api_requests", "cus_1"); got != 6 {
+		t.Fatalf("Stripe counts %d, want 6 (1+2+3)\n%s", got, errb.String())
+	}
+	p, err := rdb.XPending(ctx, stream, group).Result()
+	if err != nil || p.Count != 0 {
+		t.Fatalf("pending %+v (%v), want none", p, err)
+	}
+	for _, bad := range [][]string{{"--meter-stream", "=g"}, {"--meter-stream", "u", "--meter-safe-window", "25h"}} {
+		var out, errb testenv.SyncBuffer
+		if code := Main(ctx, append(bad, "--dry-run"), &out, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("%v: exit %d, want 2 with a message (%s)", bad, code, errb.String())
+		}
+	}
+}
