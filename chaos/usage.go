@@ -20,6 +20,7 @@ import (
 	"github.com/pelguard/pelguard/internal/naive"
 	"github.com/pelguard/pelguard/internal/redact"
 	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -285,15 +286,25 @@ func (c *cell) meterConfig(name string, sc consumer.MeterSender, rdb redis.Unive
 	}
 }
 
-// startPelguardMeter runs pelguard's meter consumers, one per name (""
-// is a unique one), with sc until the rig stops.
-//
-// TODO(reaper): run the reaper on the meter stream beside them
-// (reaper.Config.MeterStreams, MeterStripe) once package reaper re-drives
-// meter streams; until then a consumer re-reads only its own pending
-// entries, so the scenarios that leave entries behind restart it under the
-// same pinned name.
+// startPelguardMeter runs pelguard on the meter stream until the rig
+// stops: a meter consumer per name ("" is a unique one) with sc, and the
+// reaper in place of the naive monitor, which decides each idle entry
+// against the meter ledger before any claim and re-drives what it claims
+// through the meter consumer's processing, with a Stripe client of its own.
 func (c *cell) startPelguardMeter(ctx context.Context, sc consumer.MeterSender, names ...string) (*rig, error) {
+	plain, err := c.stripe(stripeapi.ModePaymentIntents, nil)
+	if err != nil {
+		return nil, err
+	}
+	rp, err := reaper.New(reaper.Config{
+		Redis: c.rdb, DB: c.pool, Schema: c.schema, MeterStripe: plain,
+		MeterStreams: []reaper.StreamGroup{{Stream: c.stream, Group: c.group}},
+		MinIdle:      c.d.cfg.MinIdle, Interval: 50 * time.Millisecond, Namespace: namespace,
+		Lease: lease(c.d.cfg.MinIdle), ConsumerIdle: -1, Notifier: c.usage.alerts, Logger: c.log, Clock: c.clk,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("building the reaper: %w", err)
+	}
 	r := newRig()
 	for _, name := range names {
 		if name == "" {
@@ -317,6 +328,11 @@ func (c *cell) startPelguardMeter(ctx context.Context, sc consumer.MeterSender, 
 			}
 		})
 	}
+	if err := rp.Start(ctx); err != nil {
+		_ = r.stop()
+		return nil, fmt.Errorf("starting the reaper: %w", err)
+	}
+	r.stops = append(r.stops, rp.Stop)
 	return r, nil
 }
 

@@ -27,7 +27,8 @@ import (
 // pelguard's up to its end, and the drill's time matters). The monitor reclaims the slow sender's entry and consumer-B
 // sends the event again: without an identifier Stripe counts it twice;
 // with one, the second call is refused (or answered from Stripe's
-// idempotency record) and acked. pelguard's ledger lease covers the call.
+// idempotency record) and acked. pelguard's heartbeat keeps the ledger
+// lease live through the call, and the reaper leaves a leased entry alone.
 func usageInflightReclaim(ctx context.Context, c *cell) error {
 	n := len(c.usage.events)
 	slow := &faults{slow: c.meterKeys(c.pick(max(1, n/20), 0, n)), delay: 3 * c.d.cfg.MinIdle}
@@ -60,8 +61,9 @@ func usageInflightReclaim(ctx context.Context, c *cell) error {
 // COUNT 10 batches where, in half of them, the 7th event is recorded at
 // Stripe but its reply is lost (a timeout). The naive sender acks a batch
 // only at its end, so the monitor reclaims the whole batch and consumer-B
-// sends 1–7 again. pelguard records and acks per event and re-sends only
-// the 7th, under its identifier, within Stripe's window.
+// sends 1–7 again. pelguard records and acks per event; the 7th (its lease
+// released) is re-sent under its identifier within Stripe's window, by its
+// consumer re-reading its pending entries or by the reaper's re-drive.
 func usagePartialBatch(ctx context.Context, c *cell) error {
 	if _, err := c.publishUsage(ctx); err != nil {
 		return err
@@ -95,8 +97,8 @@ func usagePartialBatch(ctx context.Context, c *cell) error {
 // from it, and those entries are pending again. The naive monitor reclaims
 // them and consumer-B sends them again (within Stripe's window, the
 // identifier saves the naive-identifier mode); pelguard's consumer (same
-// pinned name) drains its own pending entries and the ledger says
-// delivered: acked, no call.
+// pinned name) drains its own pending entries, and the reaper those idle
+// past min-idle: the ledger says delivered, acked, no call.
 func usageAOFRollback(ctx context.Context, c *cell) error {
 	srv, err := startRedisServer(ctx, c.log)
 	if err != nil {
@@ -178,11 +180,12 @@ func usageAOFRollback(ctx context.Context, c *cell) error {
 // unknown), and a tenth are sent but their XACK is lost (a crash between
 // the reply, or pelguard's ledger write, and the ack). Their entries stay
 // pending while a day and an hour pass (the emulator's clock and the
-// ledger's move together); then the monitor (naive) or the consumer
-// restarted under its pinned name (pelguard) delivers them again. Both
-// naive senders count them again: Stripe forgot the identifiers. pelguard's
-// ledger finds the acked-late ones delivered (acked, no call) and parks the
-// unknown ones with an alert: past the safe window nothing is re-sent.
+// ledger's move together); then the monitor (naive) or the reaper
+// (pelguard) takes them over. Both naive senders send them again and
+// Stripe counts them again: it forgot the identifiers. pelguard's reaper
+// finds the acked-late ones delivered in the ledger (acked, no call) and
+// claims the unknown ones, whose re-drive parks them with an alert: past
+// the safe window nothing is re-sent.
 func usage25hGap(ctx context.Context, c *cell) error {
 	n := len(c.usage.events)
 	lost := c.pick(max(1, n/5), 0, n)
@@ -258,7 +261,9 @@ func usage25hGap(ctx context.Context, c *cell) error {
 	}
 	var r *rig
 	if c.mode == ModePelguard {
-		r, err = c.startPelguardMeter(ctx, plain, "worker-1")
+		// A fresh consumer: worker-1's entries are the reaper's to decide,
+		// as the monitor decides them in the naive modes.
+		r, err = c.startPelguardMeter(ctx, plain, "")
 	} else {
 		r, err = c.startNaiveMeter(ctx)
 	}
