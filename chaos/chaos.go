@@ -13,12 +13,13 @@
 //     drill's own with appendfsync everysec brought back to an earlier state;
 //   - expired-key: a redelivery after Stripe's 24 h idempotency window.
 //
-// Usage scenarios (usage.go) do the same for usage sent to Stripe Billing
-// Meters, in three modes: naive (the seed's loop sending meter events
-// without an identifier), naive-identifier (a deterministic identifier,
-// no ledger) and pelguard (the meter consumer, its ledger and the reaper),
-// counting each customer's total at the emulator against what its events
-// add up to:
+// Usage scenarios (usage.go, usagescenarios.go) do the same for usage sent
+// to Stripe Billing Meters, in three modes run at once: naive (the seed's
+// loop sending meter events without an identifier, and the monitor),
+// naive-identifier (the event id as identifier, a duplicate refusal taken
+// as delivered, no ledger) and pelguard (the meter consumer and its ledger,
+// and the reaper on the meter stream), counting each customer's total from
+// the emulator's meter summaries against what its events add up to:
 //   - usage-inflight-reclaim, usage-partial-batch, usage-aof-rollback: the
 //     three failure modes, for meter events;
 //   - usage-25h-gap: replies lost and acks lost, then 25 h pass (the
