@@ -138,18 +138,29 @@ func TestDrill(t *testing.T) {
 }
 
 // An interrupted run (SIGINT cancels the context) still removes its
-// schemas and streams.
+// schemas and streams: a charge scenario's, and a usage scenario's (whose
+// pelguard schema is made in the background, and whose three cells run at
+// once).
 func TestInterruptedRunCleansUp(t *testing.T) {
 	t.Parallel()
+	for _, sc := range []string{ScenarioInflightReclaim, ScenarioUsageInflightReclaim} {
+		t.Run(sc, func(t *testing.T) {
+			t.Parallel()
+			interruptAndCheck(t, sc)
+		})
+	}
+}
+
+func interruptAndCheck(t *testing.T, scenario string) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	cfg := testConfig(t, 7)
-	cfg.Scenarios = []string{ScenarioInflightReclaim}
+	cfg.Scenarios = []string{scenario}
 	var runID string
 	cfg.onStart = func(id string) { runID = id }
-	// Cancel as soon as the first scenario is under way.
+	// Cancel as soon as the pelguard cell, which has a schema, is under way.
 	cfg.Progress = writerFunc(func(p []byte) {
-		if strings.Contains(string(p), "running") {
+		if strings.Contains(string(p), "pelguard: running") {
 			cancel()
 		}
 	})
