@@ -56,8 +56,13 @@ type UsageResult struct {
 
 	// OtherDeadLetters counts dead letters that are not parked events
 	// (none is expected).
-	OtherDeadLetters int           `json:"-"`
-	Elapsed          time.Duration `json:"-"`
+	OtherDeadLetters int `json:"-"`
+	// CallsAfterGap counts the meter-event calls Stripe answered after
+	// usage-25h-gap's day passed (-1 in the other scenarios): pelguard's
+	// must be 0, since every entry left is delivered or of unknown outcome
+	// past the safe window.
+	CallsAfterGap int           `json:"-"`
+	Elapsed       time.Duration `json:"-"`
 }
 
 // Failed reports whether the cell did not finish.
@@ -91,6 +96,9 @@ func (r Report) usageFailures() []string {
 		}
 		if x.OtherDeadLetters != 0 {
 			out = append(out, fmt.Sprintf("%s: %d dead letter(s) other than parked events", name, x.OtherDeadLetters))
+		}
+		if x.Mode == ModePelguard && x.CallsAfterGap > 0 {
+			out = append(out, fmt.Sprintf("%s: pelguard sent %d meter event(s) after the gap: past the safe window nothing may be re-sent", name, x.CallsAfterGap))
 		}
 	}
 	return out
@@ -135,6 +143,15 @@ type usageCell struct {
 	// The dead letters, once read (readDeadLetters).
 	deadRead          bool
 	parked, otherDead int
+	// callsAtGap is the emulator's meter-event answers when usage-25h-gap's
+	// day has passed (-1: no gap).
+	callsAtGap int64
+}
+
+// meterCalls counts every answer the emulator gave to a meter-event call.
+func (c *cell) meterCalls() int64 {
+	n := c.sim.MeterEventCounts()
+	return n.Recorded + n.Duplicates + n.Concurrent + n.RateLimited + n.Invalid + n.Rejected
 }
 
 // newUsageCell sets up a usage scenario's cell: its stream, emulator (with
@@ -151,7 +168,7 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 		rng:     rand.New(rand.NewPCG(uint64(d.cfg.Seed), scenarioStream(scenario))),
 		log:     d.log.With(slog.String("scenario", scenario), slog.String("mode", mode)),
 		started: time.Now(),
-		usage:   &usageCell{alerts: &parkedAlerts{}},
+		usage:   &usageCell{alerts: &parkedAlerts{}, callsAtGap: -1},
 	}
 	d.mu.Lock()
 	d.keys = append(d.keys, c.stream, consumer.DeadLetterStream(c.stream))
@@ -409,6 +426,10 @@ func (c *cell) countUsage(ctx context.Context, res *UsageResult) error {
 		res.OverCountEvents += max(0, recorded-wantEvents[cus])
 	}
 	res.Alerted = c.usage.alerts.count()
+	res.CallsAfterGap = -1
+	if c.usage.callsAtGap >= 0 {
+		res.CallsAfterGap = int(c.meterCalls() - c.usage.callsAtGap)
+	}
 	if !c.usage.deadRead {
 		if err := c.readDeadLetters(ctx); err != nil {
 			return err

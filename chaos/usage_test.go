@@ -75,16 +75,25 @@ func TestUsageDrill(t *testing.T) {
 					t.Errorf("%s: %d parked, %d alerted, %d other dead letters", name, x.Parked, x.Alerted, x.OtherDeadLetters)
 				}
 			}
-			// Both naive modes re-send the same entries past the window.
+			// Past the window both naive modes re-send what was left
+			// pending; pelguard sends nothing at all.
 			gap := map[string]UsageResult{}
 			for _, x := range rep.Usage {
 				if x.Scenario == ScenarioUsage25hGap {
 					gap[x.Mode] = x
 				}
 			}
-			if a, b := gap[ModeNaive], gap[ModeNaiveIdentifier]; a.OverCountEvents != b.OverCountEvents {
-				t.Errorf("25 h gap: naive over-counted %d events, naive-identifier %d: past the window the identifier must not help",
-					a.OverCountEvents, b.OverCountEvents)
+			if a, b := gap[ModeNaive], gap[ModeNaiveIdentifier]; a.OverCountEvents != b.OverCountEvents || a.CallsAfterGap < a.OverCountEvents {
+				t.Errorf("25 h gap: naive over-counted %d events (%d calls after the gap), naive-identifier %d: past the window the identifier must not help",
+					a.OverCountEvents, a.CallsAfterGap, b.OverCountEvents)
+			}
+			if p := gap[ModePelguard]; p.CallsAfterGap != 0 {
+				t.Errorf("25 h gap: pelguard made %d meter-event calls after the gap, want none", p.CallsAfterGap)
+			}
+			for _, x := range rep.Usage {
+				if x.Scenario != ScenarioUsage25hGap && x.CallsAfterGap != -1 {
+					t.Errorf("%s/%s: CallsAfterGap %d outside the gap scenario", x.Scenario, x.Mode, x.CallsAfterGap)
+				}
 			}
 			if f := rep.Failures(); len(f) > 0 {
 				t.Errorf("failures: %v", f)
@@ -162,6 +171,7 @@ func TestUsageFailuresSayWhy(t *testing.T) {
 		{Scenario: ScenarioUsage25hGap, Mode: ModePelguard, Events: 20, ExpectedUnits: 100, StripeUnits: 95,
 			OverCountUnits: 3, OverCountEvents: 1, OverCountedCustomers: 1, UnderCountUnits: 8, Parked: 4, Alerted: 3, OtherDeadLetters: 1},
 		{Scenario: ScenarioUsageAOFRollback, Mode: ModePelguard, Error: "the scenario did not finish"},
+		{Scenario: ScenarioUsage25hGap, Mode: ModePelguard, Events: 20, ExpectedUnits: 100, StripeUnits: 100, CallsAfterGap: 2},
 	}}
 	f := rep.Failures()
 	got := strings.Join(f, "\n")
@@ -171,6 +181,7 @@ func TestUsageFailuresSayWhy(t *testing.T) {
 		"usage-25h-gap/pelguard: pelguard over-counted 3 unit(s) in 1 event(s)",
 		"8 unit(s) fewer", "4 event(s) parked but 3 alert(s)", "1 dead letter(s) other than parked",
 		"usage-aof-rollback/pelguard: FAILED",
+		"pelguard sent 2 meter event(s) after the gap",
 	} {
 		if !strings.Contains(got, s) {
 			t.Errorf("failures lack %q:\n%s", s, got)

@@ -254,6 +254,7 @@ func usage25hGap(ctx context.Context, c *cell) error {
 	// A day and an hour later.
 	c.sim.Advance(25 * time.Hour)
 	c.clk.Advance(25 * time.Hour)
+	c.usage.callsAtGap = c.meterCalls()
 
 	plain, err := c.stripe(stripeapi.ModePaymentIntents, nil)
 	if err != nil {
