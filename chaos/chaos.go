@@ -267,7 +267,8 @@ type Report struct {
 // Failures checks the drill's verdicts and returns every one that does not
 // hold, each saying why. An empty slice means the drill passed: naive shows
 // duplicates, pelguard none, the auditor flags every duplicate and the
-// refunds leave none.
+// refunds leave none; and for usage, the naive senders over-count where the
+// failure mode makes them, pelguard counts every customer exactly.
 func (r Report) Failures() []string {
 	var out []string
 	for _, x := range r.Results {
@@ -325,7 +326,8 @@ func (r Report) Incomplete() bool {
 	return slices.ContainsFunc(r.Results, Result.Failed) || slices.ContainsFunc(r.Usage, UsageResult.Failed)
 }
 
-// Run runs the configured scenarios, each in both modes, and audits them.
+// Run runs the configured scenarios, each in its modes (a usage scenario's
+// three at once), and audits the charge ones.
 // A cell that cannot be carried out (a scenario stuck past its deadline, a
 // service down) is in the report as a failed row and the others still run
 // (each cell has its own stream, schema and emulator); Run then also returns
