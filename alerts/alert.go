@@ -254,8 +254,13 @@ var zeroDecimal = map[string]bool{
 	"vuv": true, "xaf": true, "xof": true, "xpf": true,
 }
 
+// threeDecimal lists Stripe's three-decimal currencies: 1000 minor units
+// of BHD are 1.000 BHD.
+var threeDecimal = map[string]bool{"bhd": true, "jod": true, "kwd": true, "omr": true, "tnd": true}
+
 // Money formats a Stripe amount in minor units, e.g. Money(2500, "usd") is
-// "25.00 USD". An empty currency means usd, as in the event format.
+// "25.00 USD", Money(500, "jpy") "500 JPY", Money(1500, "kwd") "1.500 KWD".
+// An empty currency means usd, as in the event format.
 func Money(minor int64, currency string) string {
 	cur := strings.ToLower(cmp.Or(currency, "usd"))
 	if zeroDecimal[cur] {
@@ -264,6 +269,9 @@ func Money(minor int64, currency string) string {
 	sign := ""
 	if minor < 0 {
 		sign, minor = "-", -minor
+	}
+	if threeDecimal[cur] {
+		return fmt.Sprintf("%s%d.%03d %s", sign, minor/1000, minor%1000, strings.ToUpper(cur))
 	}
 	return fmt.Sprintf("%s%d.%02d %s", sign, minor/100, minor%100, strings.ToUpper(cur))
 }

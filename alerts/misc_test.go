@@ -220,6 +220,12 @@ func TestConstructors(t *testing.T) {
 	if got := Money(2500, ""); got != "25.00 USD" {
 		t.Errorf("Money(2500) = %q", got)
 	}
+	if got := Money(1500, "KWD"); got != "1.500 KWD" {
+		t.Errorf("Money(1500, KWD) = %q", got)
+	}
+	if got := Money(-2505, "eur"); got != "-25.05 EUR" {
+		t.Errorf("Money(-2505, eur) = %q", got)
+	}
 	if got := Money(500, "jpy"); got != "500 JPY" {
 		t.Errorf("Money(500, jpy) = %q", got)
 	}

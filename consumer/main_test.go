@@ -16,11 +16,15 @@ import (
 )
 
 // TestMain doubles as the child process of the kill tests: with
-// PELGUARD_CHILD set, the test binary runs a consumer that SIGKILLs itself
-// right after Stripe replies, before the ledger write and the XACK.
+// PELGUARD_CHILD=kill-after-stripe, the test binary runs a consumer that
+// SIGKILLs itself right after Stripe replies, before the ledger write and
+// the XACK; with meter-consumer, a meter consumer until it is killed.
 func TestMain(m *testing.M) {
-	if os.Getenv("PELGUARD_CHILD") == "kill-after-stripe" {
+	switch os.Getenv("PELGUARD_CHILD") {
+	case "kill-after-stripe":
 		os.Exit(runChild())
+	case "meter-consumer":
+		os.Exit(runMeterChild())
 	}
 	os.Exit(m.Run())
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"sync"
 	"time"
 
@@ -48,9 +49,11 @@ type MeterConfig struct {
 	Namespace string        // in every identifier; default DefaultNamespace
 	Count     int64         // entries per read (and per ledger batch); default 100
 	Block     time.Duration // XREADGROUP BLOCK; default DefaultBlock
-	Workers   int           // Stripe calls at once; default 16
-	Lease     time.Duration // lease and customer-meter slot; default DefaultLease
-	Rules     event.MeterRules
+	Workers   int           // Stripe calls at once, per batch; default 16
+	// Pipeline is how many batches Run keeps in flight; default 2.
+	Pipeline int
+	Lease    time.Duration // lease and customer-meter slot; default DefaultLease
+	Rules    event.MeterRules
 	// SafeWindow: an unknown outcome is re-sent only this long after the
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
@@ -70,6 +73,7 @@ func (c *MeterConfig) setDefaults() {
 	c.Count = cmp.Or(c.Count, 100)
 	c.Block = cmp.Or(c.Block, DefaultBlock)
 	c.Workers = cmp.Or(c.Workers, 16)
+	c.Pipeline = cmp.Or(c.Pipeline, 2)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -130,18 +134,34 @@ func (c *MeterConsumer) count(b *MeterBatch, id string, o Outcome) {
 }
 
 // Run reads and processes until ctx ends: its own pending entries first
-// (a restart, entries left by an earlier batch), then new ones.
+// (a restart, entries left by an earlier batch), then new ones. Up to
+// Pipeline batches are in flight at once, so the next batch's ledger work
+// and calls overlap the slowest calls of the one before; entries of a batch
+// in flight are never handed to another.
 func (c *MeterConsumer) Run(ctx context.Context) error {
 	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
 		return err
 	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		inFlight = map[string]bool{}                   // ids of entries in a batch in flight
+		slots    = make(chan struct{}, c.cfg.Pipeline) // batches in flight
+	)
+	defer wg.Wait()
 	// Our PEL first, then ">"; maintain (prune) on the first pass.
 	own := "0"
 	lastOwn, maintained := time.Now(), time.Time{}
 	for ctx.Err() == nil {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
 		res, err := c.cfg.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: c.cfg.Group, Consumer: c.cfg.Name,
 			Streams: []string{c.cfg.Stream, own}, Count: c.cfg.Count, Block: c.cfg.Block}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
+			<-slots
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -150,29 +170,43 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 			continue
 		}
 		var msgs []redis.XMessage
+		mu.Lock()
 		for _, s := range res {
-			msgs = append(msgs, s.Messages...)
+			for _, m := range s.Messages {
+				if !inFlight[m.ID] { // our PEL read again: skip what a batch holds
+					inFlight[m.ID] = true
+					msgs = append(msgs, m)
+				}
+			}
 		}
-		if own == "0" && len(msgs) == 0 {
+		mu.Unlock()
+		if own == "0" {
+			// Our PEL is read once per turn; what a batch leaves comes back
+			// on the next turn, half a second on.
 			own, lastOwn = ">", time.Now()
-			continue
 		}
-		if len(msgs) > 0 {
-			b, err := c.ProcessBatch(ctx, msgs)
-			if err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Warn("processing meter events", "stream", c.cfg.Stream, "err", err)
-				sleep(ctx, time.Second)
-			}
-			if own == "0" && b.Left == len(msgs) {
-				// Nothing of ours moved (slots taken, holders live):
-				// read new entries and come back to these shortly.
-				own = ">"
-			}
+		if len(msgs) == 0 {
+			<-slots
+		} else {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				if _, err := c.ProcessBatch(ctx, msgs); err != nil && ctx.Err() == nil {
+					c.cfg.Logger.Warn("processing meter events", "stream", c.cfg.Stream, "err", err)
+					sleep(ctx, time.Second)
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					delete(inFlight, m.ID)
+				}
+				mu.Unlock()
+			}()
 		}
 		// Entries left pending (a slot taken, a transient error) are
 		// ours: go back to them every half second.
-		if own == ">" && time.Since(lastOwn) > 500*time.Millisecond {
-			own, lastOwn = "0", time.Now()
+		if time.Since(lastOwn) > 500*time.Millisecond {
+			own = "0"
 		}
 		if time.Since(maintained) > time.Hour {
 			maintained = time.Now()
@@ -381,9 +415,22 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 				StripeCustomerID: r.Event.StripeCustomerID, Value: r.Event.Value, Identifier: r.Identifier, Timestamp: r.Event.Timestamp})
 			c.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 			it.out = meterOutcome(it.claim.Hold(), err)
+			if it.out.Result == meterledger.Release && !rateLimited(err) {
+				// Sent again on its next delivery; say why, or a bad key
+				// or a Stripe outage looks like a stalled stream.
+				c.cfg.Logger.Warn("meter event not confirmed; it stays pending and is sent again under its identifier",
+					"stream", c.cfg.Stream, "id", it.msg.ID, "identifier", r.Identifier, "err", err)
+			}
 		}()
 	}
 	wg.Wait()
+}
+
+// rateLimited reports Stripe's 429 (the account's rate, or a call of the
+// customer's meter in flight): routine under load, not worth a warning.
+func rateLimited(err error) bool {
+	var se *stripeapi.Error
+	return errors.As(err, &se) && se.HTTPStatus == http.StatusTooManyRequests
 }
 
 // meterOutcome is the outcome table of a meter event's call.

@@ -176,7 +176,7 @@ func (c Config) Validate() error {
 }
 
 // ForMeterEvents is c made for the limiter of live-mode meter events, to
-// give stripeapi.Config.MeterLimiter: the same Redis, role, floors, backoff
+// give stripeapi.Config.MeterLimiter: the same Redis, role, re-drive floor, backoff
 // and logger, a schedule of its own (Account + MeterEventsSuffix, so the
 // fleet's meter events and its other calls never draw on each other) at
 // MeterEventsRate. Burst and FallbackRate return to their defaults for the
@@ -193,6 +193,10 @@ func (c Config) ForMeterEvents() Config {
 	c.Rate = MeterEventsRate
 	c.Burst, c.FallbackRate, c.EndpointRate = 0, 0, 0
 	c.Registerer = nil
+	// The auditor sends no meter events but its rare corrections (issue
+	// 29), which borrow from the pool: reserving it a share of this
+	// schedule would only hold billing below Stripe's limit.
+	c.AuditFloor = -1
 	return c
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -314,6 +315,21 @@ func (s *Stripe) Limiter(sh Share) (stripeapi.Limiter, error) {
 	return l, nil
 }
 
+// MeterLimiter builds the schedule of live-mode meter events (Stripe's
+// 1,000/s of their own, outside the account's rate), shared by the fleet as
+// sh says, or nil: without --stripe-rate, or with a test key (test mode
+// counts meter events against the account's rate, which Limiter paces).
+func (s *Stripe) MeterLimiter(sh Share) (stripeapi.Limiter, error) {
+	if s.RateLimit == 0 || !strings.Contains(s.APIKey, "_live_") {
+		return nil, nil
+	}
+	l, err := stripelimit.New(s.limiterConfig(sh).ForMeterEvents())
+	if err != nil {
+		return nil, Usagef("%v", err)
+	}
+	return l, nil
+}
+
 // Config is the stripeapi.Config the flags make, with lim pacing it.
 func (s *Stripe) Config(lim stripeapi.Limiter) stripeapi.Config {
 	return stripeapi.Config{
@@ -337,6 +353,9 @@ func (s *Stripe) Client(logger *slog.Logger, observe func(string, time.Duration,
 	}
 	cfg := s.Config(lim)
 	cfg.Logger, cfg.Observe = logger, observe
+	if cfg.MeterLimiter, err = s.MeterLimiter(sh); err != nil {
+		return nil, err
+	}
 	c, err := stripeapi.New(cfg)
 	if err != nil {
 		return nil, Usagef("Stripe configuration: %v", redact.Error(err))

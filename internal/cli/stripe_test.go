@@ -68,3 +68,25 @@ func TestStripeLimiterFromFlags(t *testing.T) {
 		t.Errorf("without Redis: shared %v role %s; want this process alone, audit", l.Shared(), l.Role())
 	}
 }
+
+// Live meter events get a schedule of their own (Stripe's 1,000/s outside
+// the account's rate); test keys' meter events stay on the account's.
+func TestMeterLimiterOnlyForLiveKeys(t *testing.T) {
+	t.Parallel()
+	s := parseStripe(t, "--stripe-rate", "100")
+	if l, err := s.MeterLimiter(Share{}); err != nil || l != nil {
+		t.Fatalf("test key: %v, %v; want no meter schedule", l, err)
+	}
+	s.APIKey = "rk_live_x"
+	l, err := s.MeterLimiter(Share{})
+	if err != nil || l == nil {
+		t.Fatalf("live key: %v, %v; want a meter schedule", l, err)
+	}
+	if lim := l.(*stripelimit.Limiter); lim.Role() != stripelimit.RoleBilling {
+		t.Fatalf("role %s", lim.Role())
+	}
+	s.RateLimit = 0
+	if l, err := s.MeterLimiter(Share{}); err != nil || l != nil {
+		t.Fatalf("no --stripe-rate: %v, %v; want none", l, err)
+	}
+}

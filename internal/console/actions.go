@@ -84,6 +84,9 @@ func (s *Server) finish(ctx context.Context, id int64, user, action, target, rea
 	})
 }
 
+// errNoReason is what a confirmation form submitted without a reason says.
+const errNoReason = "A reason is required: say why you do this. It is recorded with your name and sent to Slack."
+
 // reasonOf is the form's required reason.
 func reasonOf(r *http.Request) (string, bool) {
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
@@ -99,13 +102,24 @@ func (s *Server) doFinding(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target := findingTarget(id)
-	if !s.auth.validToken(r.PostFormValue("token"), who(r).User, action, target) {
+	if !s.auth.validToken(r.Context(), r.PostFormValue("token"), who(r).User, action, target) {
 		http.Error(w, "forbidden: this form was not made for you and this action (open the confirmation page again)", http.StatusForbidden)
 		return
 	}
 	reason, ok := reasonOf(r)
 	if !ok {
-		http.Error(w, "a reason is required: say why, it is recorded with your name", http.StatusBadRequest)
+		// The same form again (its token was not used), saying what is missing.
+		f, ok := s.findingID(w, r)
+		if !ok {
+			return
+		}
+		data, err := s.findingConfirm(r, f, action, r.PostFormValue("token"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		data["Error"] = errNoReason
+		s.render(w, r, http.StatusUnprocessableEntity, "confirm", data)
 		return
 	}
 	if action == actRefund && s.cfg.Auditor == nil {
@@ -185,13 +199,19 @@ func (s *Server) doReplay(w http.ResponseWriter, r *http.Request) {
 		action = actReplayReason
 	}
 	target := replayTarget(st.Name, deadID, reason)
-	if !s.auth.validToken(r.PostFormValue("token"), who(r).User, action, target) {
+	if !s.auth.validToken(r.Context(), r.PostFormValue("token"), who(r).User, action, target) {
 		http.Error(w, "forbidden: this form was not made for you and this action (open the confirmation page again)", http.StatusForbidden)
 		return
 	}
 	why, ok := reasonOf(r)
 	if !ok {
-		http.Error(w, "a reason is required: say why, it is recorded with your name", http.StatusBadRequest)
+		data, err := s.replayConfirm(r, st, deadID, reason, r.PostFormValue("token"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		data["Error"] = errNoReason
+		s.render(w, r, http.StatusUnprocessableEntity, "confirm", data)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)

@@ -15,11 +15,13 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 // LoadUsers reads a users file: one `name:hash` a line, the hash bcrypt's
@@ -69,30 +71,20 @@ func validUser(name string) bool {
 
 const sessionCookie = "pelguard_console"
 
-type session struct {
-	user    string
-	csrf    string
-	expires time.Time
-}
-
-// authenticator knows who a request is from. Sessions live in memory: a
-// restart logs everyone out, which costs a login, not money.
+// authenticator knows who a request is from. Sessions live in Postgres
+// (console_sessions, the cookie's token hashed), so a restart or another
+// replica keeps them; so do the login throttle and the key that signs
+// action tokens (sessions.go).
 type authenticator struct {
-	cfg Config
-	key []byte // signs action tokens and proxy users' CSRF tokens
+	cfg   Config
+	store *sessionStore
 	// dummy is compared against for unknown users, so a login takes as long
 	// whether or not the name exists.
 	dummy []byte
-
-	mu       sync.Mutex
-	sessions map[string]session
 }
 
-func newAuthenticator(cfg Config) (*authenticator, error) {
-	a := &authenticator{cfg: cfg, key: make([]byte, 32), sessions: map[string]session{}}
-	if _, err := rand.Read(a.key); err != nil {
-		return nil, err
-	}
+func newAuthenticator(cfg Config, db pg.DB) (*authenticator, error) {
+	a := &authenticator{cfg: cfg, store: &sessionStore{db: db}}
 	var err error
 	if a.dummy, err = bcrypt.GenerateFromPassword([]byte("no such user"), bcrypt.DefaultCost); err != nil {
 		return nil, err
@@ -101,9 +93,22 @@ func newAuthenticator(cfg Config) (*authenticator, error) {
 }
 
 // identity is who a request is from, and the CSRF token its forms carry.
+// A proxy user has no session: its token is a MAC of the name and the day
+// (the key lives in Postgres and outlives processes), and yesterday's
+// (PrevCSRF) is still taken, so a form opened before midnight works after.
 type identity struct {
-	User string
-	CSRF string
+	User     string
+	CSRF     string
+	PrevCSRF string
+}
+
+// csrfOK says whether a submitted CSRF token is the identity's.
+func (id identity) csrfOK(tok string) bool {
+	ok := subtle.ConstantTimeCompare([]byte(tok), []byte(id.CSRF)) == 1
+	if id.PrevCSRF != "" {
+		ok = subtle.ConstantTimeCompare([]byte(tok), []byte(id.PrevCSRF)) == 1 || ok
+	}
+	return ok && tok != ""
 }
 
 type ctxKey struct{}
@@ -116,13 +121,18 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func (a *authenticator) mac(parts ...string) string {
-	m := hmac.New(sha256.New, a.key)
+// mac signs parts with the key every replica shares (console_keys).
+func (a *authenticator) mac(ctx context.Context, parts ...string) (string, error) {
+	key, err := a.store.signingKey(ctx)
+	if err != nil {
+		return "", err
+	}
+	m := hmac.New(sha256.New, key)
 	for _, p := range parts {
 		m.Write([]byte(p))
 		m.Write([]byte{0})
 	}
-	return hex.EncodeToString(m.Sum(nil))
+	return hex.EncodeToString(m.Sum(nil)), nil
 }
 
 // errNotTrusted: a proxy-user request that did not come from a trusted
@@ -139,20 +149,22 @@ func (a *authenticator) identify(r *http.Request, now time.Time) (identity, bool
 		if !validUser(user) {
 			return identity{}, false, nil
 		}
-		return identity{User: user, CSRF: a.mac("csrf", user)}, true, nil
+		day := now.UTC().Format(time.DateOnly)
+		csrf, err := a.mac(r.Context(), "csrf", user, day)
+		if err != nil {
+			return identity{}, false, err
+		}
+		prev, err := a.mac(r.Context(), "csrf", user, now.UTC().AddDate(0, 0, -1).Format(time.DateOnly))
+		if err != nil {
+			return identity{}, false, err
+		}
+		return identity{User: user, CSRF: csrf, PrevCSRF: prev}, true, nil
 	}
 	c, err := r.Cookie(sessionCookie)
-	if err != nil {
+	if err != nil || c.Value == "" {
 		return identity{}, false, nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	sess, ok := a.sessions[c.Value]
-	if !ok || !now.Before(sess.expires) {
-		delete(a.sessions, c.Value)
-		return identity{}, false, nil
-	}
-	return identity{User: sess.user, CSRF: sess.csrf}, true, nil
+	return a.store.get(r.Context(), c.Value, now)
 }
 
 func (a *authenticator) trusted(remote string) bool {
@@ -184,25 +196,11 @@ func (a *authenticator) check(user, password string) bool {
 	return bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
 }
 
-func (a *authenticator) newSession(user string, now time.Time) string {
-	id := randomHex(32)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for k, s := range a.sessions { // expired sessions go at the next login
-		if !now.Before(s.expires) {
-			delete(a.sessions, k)
-		}
+func (a *authenticator) endSession(r *http.Request) error {
+	if c, err := r.Cookie(sessionCookie); err == nil && c.Value != "" {
+		return a.store.end(r.Context(), c.Value)
 	}
-	a.sessions[id] = session{user: user, csrf: randomHex(32), expires: now.Add(a.cfg.SessionTTL)}
-	return id
-}
-
-func (a *authenticator) endSession(r *http.Request) {
-	if c, err := r.Cookie(sessionCookie); err == nil {
-		a.mu.Lock()
-		delete(a.sessions, c.Value)
-		a.mu.Unlock()
-	}
+	return nil
 }
 
 // actionToken is the one-time token of a confirmation form: a nonce and a
@@ -210,18 +208,25 @@ func (a *authenticator) endSession(r *http.Request) {
 // come from a confirmation page this server rendered for that person and
 // that action. console_actions.token is UNIQUE: the second submit of one
 // form finds the first's row.
-func (a *authenticator) actionToken(user, action, target string) string {
+func (a *authenticator) actionToken(ctx context.Context, user, action, target string) (string, error) {
 	nonce := randomHex(16)
-	return nonce + "." + a.mac("action", nonce, user, action, target)[:32]
+	m, err := a.mac(ctx, "action", nonce, user, action, target)
+	if err != nil {
+		return "", err
+	}
+	return nonce + "." + m[:32], nil
 }
 
-func (a *authenticator) validToken(tok, user, action, target string) bool {
+func (a *authenticator) validToken(ctx context.Context, tok, user, action, target string) bool {
 	nonce, mac, ok := strings.Cut(tok, ".")
 	if !ok || len(nonce) != 32 {
 		return false
 	}
-	want := a.mac("action", nonce, user, action, target)[:32]
-	return subtle.ConstantTimeCompare([]byte(mac), []byte(want)) == 1
+	want, err := a.mac(ctx, "action", nonce, user, action, target)
+	if err != nil {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(mac), []byte(want[:32])) == 1
 }
 
 // sameOrigin refuses a POST whose Origin (or, without one, Referer) names
@@ -246,6 +251,9 @@ func (s *Server) authed(h http.HandlerFunc) http.Handler {
 		switch {
 		case errors.Is(err, errNotTrusted):
 			http.Error(w, "forbidden: this console believes user headers only from its trusted proxies", http.StatusForbidden)
+			return
+		case err != nil:
+			s.fail(w, r, err)
 			return
 		case !ok && s.cfg.ProxyUserHeader != "":
 			http.Error(w, "unauthenticated: no user header from the proxy", http.StatusUnauthorized)
@@ -275,7 +283,7 @@ func (s *Server) action(h http.HandlerFunc) http.Handler {
 			http.Error(w, "bad form", http.StatusBadRequest)
 			return
 		}
-		if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(who(r).CSRF)) != 1 {
+		if !sameOrigin(r) || !who(r).csrfOK(r.PostFormValue("csrf")) {
 			http.Error(w, "forbidden: missing or wrong CSRF token (reload the page)", http.StatusForbidden)
 			return
 		}
@@ -301,25 +309,69 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
-	user, next := r.PostFormValue("user"), safeNext(r.PostFormValue("next"))
-	if !s.auth.check(user, r.PostFormValue("password")) {
-		s.log.Warn("console login failed", "user", truncate(user, 64), "remote", r.RemoteAddr)
-		s.render(w, r, http.StatusUnauthorized, "login", map[string]any{"Next": next, "Error": "wrong name or password"})
+	user, next := truncate(strings.TrimSpace(r.PostFormValue("user")), 64), safeNext(r.PostFormValue("next"))
+	data := map[string]any{"Next": next, "User": user}
+	if user == "" || r.PostFormValue("password") == "" {
+		data["Error"] = "give your name and your password"
+		s.render(w, r, http.StatusUnprocessableEntity, "login", data)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.auth.newSession(user, s.now()), Path: "/",
+	addr := clientAddr(r, s.cfg.TrustedProxies)
+	ctx := r.Context()
+	ids, err := s.auth.store.attempt(ctx, s.throttle(), user, addr, s.now())
+	var lo *lockedOut
+	if errors.As(err, &lo) {
+		s.log.Warn("console login refused: too many failures", "user", user, "remote", addr, "scope", lo.Scope, "until", lo.Until)
+		wait := lo.Until.Sub(s.now())
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(wait.Round(time.Second), time.Second)/time.Second)))
+		what := "this name"
+		if lo.Scope == scopeAddr {
+			what = "your address"
+		}
+		data["Error"] = fmt.Sprintf("Too many failed logins for %s: try again after %s (in %s). Nothing was checked.",
+			what, lo.Until.UTC().Format("15:04:05 UTC"), span(wait))
+		s.render(w, r, http.StatusTooManyRequests, "login", data)
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !s.auth.check(user, r.PostFormValue("password")) {
+		s.log.Warn("console login failed", "user", user, "remote", addr)
+		data["Error"] = "wrong name or password"
+		s.render(w, r, http.StatusUnauthorized, "login", data)
+		return
+	}
+	if err := s.auth.store.succeeded(ctx, user, ids); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	tok, err := s.auth.store.create(ctx, user, addr, s.now(), s.cfg.SessionTTL)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: tok, Path: "/",
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookies || r.TLS != nil,
 		MaxAge: int(s.cfg.SessionTTL / time.Second)})
-	s.log.Info("console login", "user", user, "remote", r.RemoteAddr)
+	s.log.Info("console login", "user", user, "remote", addr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+func (s *Server) throttle() throttle {
+	return throttle{Window: s.cfg.LoginWindow, MaxUser: s.cfg.MaxLoginFailuresPerUser, MaxAddr: s.cfg.MaxLoginFailuresPerAddr}
+}
+
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil || r.PostFormValue("csrf") != who(r).CSRF {
+	if err := r.ParseForm(); err != nil || !who(r).csrfOK(r.PostFormValue("csrf")) {
 		http.Error(w, "forbidden: missing or wrong CSRF token", http.StatusForbidden)
 		return
 	}
-	s.auth.endSession(r)
+	if err := s.auth.endSession(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

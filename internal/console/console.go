@@ -99,6 +99,15 @@ type Config struct {
 	DeadLetterScan int
 	MaxReplay      int
 	SessionTTL     time.Duration
+	// LoginWindow, MaxLoginFailuresPerUser and MaxLoginFailuresPerAddr
+	// rate-limit logins: a name or an address that failed that many times
+	// within the window is refused (even with the right password) until its
+	// oldest counted failure leaves the window; a successful login resets
+	// the name's count. Defaults: DefaultLoginWindow, 5 and 20. Counted in
+	// Postgres, so every replica agrees.
+	LoginWindow             time.Duration
+	MaxLoginFailuresPerUser int
+	MaxLoginFailuresPerAddr int
 	// SecureCookies marks the session cookie Secure (TLS, or TLS at the
 	// proxy). The server sets it itself for TLS requests.
 	SecureCookies bool
@@ -129,8 +138,9 @@ func (c Config) Validate() error {
 	case c.ProxyUserHeader != "" && len(c.TrustedProxies) == 0:
 		errs = append(errs, errors.New("--proxy-user-header needs --trusted-proxy: a header anyone can send is not an identity"))
 	}
-	if c.PageSize < 0 || c.DeadLetterScan < 0 || c.MaxReplay < 0 || c.MaxRefundCents < 0 || c.SessionTTL < 0 {
-		errs = append(errs, errors.New("page size, scan and replay bounds, refund cents and session TTL must not be negative"))
+	if c.PageSize < 0 || c.DeadLetterScan < 0 || c.MaxReplay < 0 || c.MaxRefundCents < 0 || c.SessionTTL < 0 ||
+		c.LoginWindow < 0 || c.MaxLoginFailuresPerUser < 0 || c.MaxLoginFailuresPerAddr < 0 {
+		errs = append(errs, errors.New("page size, scan and replay bounds, refund cents, session TTL and login limits must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -140,6 +150,9 @@ func (c Config) withDefaults() Config {
 	c.DeadLetterScan = cmp.Or(c.DeadLetterScan, DefaultDeadLetterScan)
 	c.MaxReplay = cmp.Or(c.MaxReplay, DefaultMaxReplay)
 	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
+	c.LoginWindow = cmp.Or(c.LoginWindow, DefaultLoginWindow)
+	c.MaxLoginFailuresPerUser = cmp.Or(c.MaxLoginFailuresPerUser, DefaultMaxLoginFailuresPerUser)
+	c.MaxLoginFailuresPerAddr = cmp.Or(c.MaxLoginFailuresPerAddr, DefaultMaxLoginFailuresPerAddr)
 	c.MaxRefundCents = cmp.Or(c.MaxRefundCents, audit.DefaultMaxCents)
 	c.DashboardURL = strings.TrimRight(cmp.Or(c.DashboardURL, DefaultDashboardURL), "/")
 	if c.TestMode {
@@ -176,11 +189,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("console config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	auth, err := newAuthenticator(cfg)
+	db := pg.NewDB(cfg.DB, cfg.Schema)
+	auth, err := newAuthenticator(cfg, db)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, db: pg.NewDB(cfg.DB, cfg.Schema), store: audit.NewStore(cfg.DB, cfg.Schema), auth: auth,
+	s := &Server{cfg: cfg, db: db, store: audit.NewStore(cfg.DB, cfg.Schema), auth: auth,
 		log: cfg.Logger, replayMu: make(chan struct{}, 1)}
 	if s.pages, err = parsePages(); err != nil {
 		return nil, err
@@ -206,6 +220,7 @@ func (s *Server) routes() {
 	m.Handle("GET /dead/confirm", s.authed(s.confirmReplay))
 	m.Handle("POST /dead/replay", s.action(s.doReplay))
 	m.Handle("GET /customer", s.authed(s.customer))
+	m.Handle("GET /search", s.authed(s.searchPage))
 	m.Handle("GET /actions", s.authed(s.actions))
 	m.Handle("GET /ledger", s.authed(s.ledgerPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))

@@ -152,7 +152,7 @@ func TestActionsRefusedChangeNothing(t *testing.T) {
 			v := form(t, c.mustGet(fmt.Sprintf("/findings/%d/confirm?action=refund", fid)))
 			v.Set("reason", "  ")
 			return c.post(fmt.Sprintf("/findings/%d/refund", fid), v)
-		}, http.StatusBadRequest},
+		}, http.StatusUnprocessableEntity}, // the form again, saying a reason is missing (TestMissingReasonKeepsTheForm)
 		{"a GET", false, func(b *bundle, fid int64) response {
 			return b.login(t, "alice").get(fmt.Sprintf("/findings/%d/refund", fid))
 		}, http.StatusMethodNotAllowed},

@@ -18,7 +18,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -66,6 +66,9 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, page
 	data["Actions"] = s.cfg.AllowActions
 	data["Proxy"] = s.cfg.ProxyUserHeader != ""
 	data["Page"] = page
+	if _, ok := data["Q"]; !ok {
+		data["Q"] = "" // the header's search box
+	}
 	if data["Me"].(identity).User != "" {
 		data["Rollback"] = s.banner(r.Context())
 	}
@@ -275,29 +278,50 @@ func (s *Server) confirmFinding(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	data, err := s.findingConfirm(r, f, action, "")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.render(w, r, http.StatusOK, "confirm", data)
+}
+
+// findingConfirm is the confirmation page of an action on a finding: what
+// it does in words, and a form with a one-time token (token, when the page
+// is shown again after a refused submit: the same form, not a new one).
+func (s *Server) findingConfirm(r *http.Request, f findingRow, action, token string) (map[string]any, error) {
 	data := map[string]any{"F": f, "Action": action, "Post": fmt.Sprintf("/findings/%d/%s", f.ID, action),
 		"Back": fmt.Sprintf("/findings/%d", f.ID)}
 	if s.cfg.AllowActions {
-		data["Token"] = s.auth.actionToken(who(r).User, action, findingTarget(f.ID))
+		if token == "" {
+			var err error
+			if token, err = s.auth.actionToken(r.Context(), who(r).User, action, findingTarget(f.ID)); err != nil {
+				return nil, err
+			}
+		}
+		data["Token"] = token
 	}
 	switch action {
 	case actRefund:
 		n, cents, err := s.rolling(r.Context())
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return nil, err
 		}
+		data["Title"] = fmt.Sprintf("Refund %s of duplicate charge %s", money(f.AmountCents, f.Currency), f.ChargeID)
+		data["Button"] = "Refund " + money(f.AmountCents, f.Currency)
 		data["What"] = fmt.Sprintf("Refund %s of charge %s, the duplicate of %s (which is kept). The auditor's refund path re-reads both charges at Stripe under the key's ledger lock first and refuses if either changed.",
 			money(f.AmountCents, f.Currency), f.ChargeID, f.CanonicalChargeID)
 		data["Cap"] = fmt.Sprintf("Refunded in the last 24 h, by every refunder: %d refunds, %s (the rolling cap is the auditor's --max-refunds-24h / --max-cents-24h).",
 			n, money(cents, f.Currency))
 		data["Danger"] = true
 	case actDismiss:
+		data["Title"], data["Button"] = fmt.Sprintf("Dismiss finding %d (%s)", f.ID, f.Kind), "Dismiss the finding"
 		data["What"] = fmt.Sprintf("Dismiss finding %d (%s): it is not a problem. Audit runs never reopen it.", f.ID, f.Kind)
 	case actResolve:
+		data["Title"], data["Button"] = fmt.Sprintf("Resolve finding %d (%s)", f.ID, f.Kind), "Mark it resolved"
 		data["What"] = fmt.Sprintf("Resolve finding %d (%s): it was handled by hand.", f.ID, f.Kind)
 	}
-	s.render(w, r, http.StatusOK, "confirm", data)
+	return data, nil
 }
 
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
@@ -331,27 +355,52 @@ func (s *Server) confirmReplay(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	id, reason := q.Get("id"), q.Get("reason")
+	data, err := s.replayConfirm(r, st, q.Get("id"), q.Get("reason"), "")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.render(w, r, http.StatusOK, "confirm", data)
+}
+
+// replayConfirm is the confirmation page of a replay: one dead letter (id)
+// or every one of a reason.
+func (s *Server) replayConfirm(r *http.Request, st Stream, id, reason, token string) (map[string]any, error) {
 	action := actReplay
 	data := map[string]any{"Post": "/dead/replay", "Stream": st.Name, "DeadID": id, "ReasonFilter": reason, "Danger": true,
 		"Back": "/dead?stream=" + url.QueryEscape(st.Name) + "&reason=" + url.QueryEscape(reason)}
 	if id != "" {
+		data["Title"], data["Button"] = "Replay dead letter "+id, "Replay this dead letter"
 		data["What"] = fmt.Sprintf("Replay dead letter %s onto %s. The consumer bills it if the ledger has no final row for its customer and period: this can charge.", id, st.Name)
 	} else {
 		action = actReplayReason
 		n, err := s.countReason(r.Context(), st.Name, reason, s.cfg.MaxReplay)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return nil, err
 		}
-		data["What"] = fmt.Sprintf("Replay %d dead letter(s) of reason %q onto %s (at most %d in one action). Each is billed if the ledger has no final row for it: this can charge.",
-			n, reason, st.Name, s.cfg.MaxReplay)
+		data["Title"] = fmt.Sprintf("Replay every dead letter of reason “%s”", reason)
+		data["Button"] = fmt.Sprintf("Replay %d dead letter%s", n, plural(n))
+		data["What"] = fmt.Sprintf("Replay %d dead letter%s of reason %q onto %s (at most %d in one action). Each is billed if the ledger has no final row for it: this can charge.",
+			n, plural(n), reason, st.Name, s.cfg.MaxReplay)
 	}
 	data["Action"] = action
 	if s.cfg.AllowActions {
-		data["Token"] = s.auth.actionToken(who(r).User, action, replayTarget(st.Name, id, reason))
+		if token == "" {
+			var err error
+			if token, err = s.auth.actionToken(r.Context(), who(r).User, action, replayTarget(st.Name, id, reason)); err != nil {
+				return nil, err
+			}
+		}
+		data["Token"] = token
 	}
-	s.render(w, r, http.StatusOK, "confirm", data)
+	return data, nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 // extraField is a ledger column the console does not name.
@@ -391,7 +440,11 @@ func (s *Server) customer(w http.ResponseWriter, r *http.Request) {
 		roles = append(roles, [2]string{"the ledger's charge", row.ChargeID})
 		var extra []extraField
 		for k, v := range row.Extra {
-			extra = append(extra, extraField{k, redact.String(fmt.Sprint(v))})
+			val := "—" // SQL NULL
+			if v != nil {
+				val = redact.String(fmt.Sprint(v))
+			}
+			extra = append(extra, extraField{k, val})
 		}
 		sort.Slice(extra, func(i, j int) bool { return extra[i].Name < extra[j].Name })
 		data["Extra"] = extra
@@ -404,8 +457,23 @@ func (s *Server) customer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Findings"] = fs
+	var targets []string
 	for _, f := range fs {
 		roles = append(roles, [2]string{fmt.Sprintf("finding %d (%s)", f.ID, f.Kind), f.ChargeID})
+		targets = append(targets, findingTarget(f.ID))
+	}
+	dead, truncated, err := s.deadOf(ctx, cust, period)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	data["Dead"], data["DeadTruncated"], data["Scan"] = dead, truncated, s.cfg.DeadLetterScan
+	for _, d := range dead {
+		targets = append(targets, replayTarget(d.Stream, d.ID, ""))
+	}
+	if data["History"], err = actionsOn(ctx, s.db, targets, s.cfg.PageSize); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	data["Charges"] = s.charges(ctx, roles)
 	s.render(w, r, http.StatusOK, "customer", data)

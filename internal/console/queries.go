@@ -321,6 +321,21 @@ func listActions(ctx context.Context, db pg.DB, before int64, target string, n i
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[actionRow])
 }
 
+// qActionsOn reads the console's actions on any of a page's targets (a
+// customer's findings and dead letters), newest first.
+const qActionsOn = `SELECT ` + actionCols + ` FROM {schema}.console_actions WHERE target = ANY($1) ORDER BY id DESC LIMIT $2`
+
+func actionsOn(ctx context.Context, db pg.DB, targets []string, n int) ([]actionRow, error) {
+	if len(targets) == 0 {
+		return nil, nil
+	}
+	rows, err := db.Query(ctx, qActionsOn, targets, n)
+	if err != nil {
+		return nil, fmt.Errorf("listing console actions: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[actionRow])
+}
+
 func getAction(ctx context.Context, db pg.DB, id int64) (actionRow, error) {
 	rows, err := db.Query(ctx, `SELECT `+actionCols+` FROM {schema}.console_actions WHERE id = $1`, id)
 	if err != nil {

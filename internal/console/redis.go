@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -137,7 +138,9 @@ func toDeadLetter(stream string, m redis.XMessage) deadLetter {
 	}
 	if json.Unmarshal([]byte(raw), &ev) == nil {
 		d.CustomerID, d.Period = truncate(ev.CustomerID, 64), truncate(ev.BillingPeriod, 32)
-		if len(ev.AmountCents) > 0 {
+		if n, err := strconv.ParseInt(string(ev.AmountCents), 10, 64); err == nil {
+			d.Amount = money(n, truncate(ev.Currency, 8))
+		} else if len(ev.AmountCents) > 0 { // not whole minor units: why it is dead, shown as sent
 			d.Amount = truncate(string(ev.AmountCents), 24) + " " + truncate(ev.Currency, 8)
 		}
 	}
@@ -212,4 +215,35 @@ func (s *Server) stream(name string) (Stream, error) {
 		}
 	}
 	return Stream{}, errors.New("not a stream this console shows")
+}
+
+// deadOf is a customer's dead letters (of one period, or all when period
+// is empty) on every stream, over at most DeadLetterScan of each stream's
+// dead letters (oldest first) and PageSize in all; truncated says a scan
+// stopped before the end.
+func (s *Server) deadOf(ctx context.Context, customer, period string) ([]deadLetter, bool, error) {
+	var out []deadLetter
+	truncated := false
+	for _, st := range s.cfg.Streams {
+		n, err := s.scanDead(ctx, st.Name, "-", s.cfg.DeadLetterScan, func(m redis.XMessage) bool {
+			// A payload without a backslash has no JSON escape: unless it
+			// holds the customer id as written, it is another customer's,
+			// and is not decoded.
+			if raw, _ := m.Values["payload"].(string); !strings.Contains(raw, customer) && !strings.Contains(raw, `\`) {
+				return true
+			}
+			if c, p := payloadKey(m); c == customer && (period == "" || p == period) {
+				out = append(out, toDeadLetter(st.Name, m))
+			}
+			return len(out) < s.cfg.PageSize
+		})
+		if err != nil {
+			return out, truncated, err
+		}
+		truncated = truncated || n >= s.cfg.DeadLetterScan
+		if len(out) >= s.cfg.PageSize {
+			return out, true, nil
+		}
+	}
+	return out, truncated, nil
 }

@@ -14,7 +14,7 @@ import (
 // search_path, possibly to the team's own billing_records.
 func TestEveryStatementNamesTheSchema(t *testing.T) {
 	t.Parallel()
-	unqualified := regexp.MustCompile(`(?i)\b(FROM|INTO|UPDATE|JOIN|TABLE)\s+(billing_records|spend_caps|audit_runs|audit_findings|import_runs|imported_periods|external_leases|refund_ledger|webhook_events|audit_stage|audit_pending|console_actions|ledger_witness|ledger_fence|ledger_rollbacks|meter_events|meter_inflight|pelguard_schema_migrations)\b`)
+	unqualified := regexp.MustCompile(`(?i)\b(FROM|INTO|UPDATE|JOIN|TABLE)\s+(billing_records|spend_caps|audit_runs|audit_findings|import_runs|imported_periods|external_leases|refund_ledger|webhook_events|audit_stage|audit_pending|console_actions|ledger_witness|ledger_fence|ledger_rollbacks|meter_events|meter_inflight|console_sessions|console_login_attempts|console_keys|pelguard_schema_migrations)\b`)
 	root := filepath.Join("..", "..")
 	var checked int
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {

@@ -42,6 +42,7 @@ type MeterOptions struct {
 	Count                 int64
 	Block                 time.Duration
 	Workers               int
+	Pipeline              int
 	Lease                 time.Duration
 	SafeWindow            time.Duration
 	MetricsAddr           string
@@ -64,7 +65,8 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name; empty: unique per process [PELGUARD_CONSUMER_NAME]")
 	fs.Int64Var(&o.Count, "count", 100, "entries per read, reserved and recorded in one transaction each")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
-	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once (one per customer and meter)")
+	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once per batch (one per customer and meter)")
+	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
@@ -88,6 +90,8 @@ func (o *MeterOptions) Validate() error {
 	switch {
 	case o.Count <= 0 || o.Workers <= 0:
 		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
+	case o.Pipeline < 1 || o.Pipeline > 16:
+		return cli.Usagef("--pipeline %d must be between 1 and 16", o.Pipeline)
 	case o.Lease < 3*time.Second:
 		return cli.Usagef("--lease %s: at least 3s (it is renewed every lease/3)", o.Lease)
 	case o.SafeWindow <= 0 || o.SafeWindow >= 24*time.Hour:
@@ -156,7 +160,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: notifier, Logger: logger})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))

@@ -21,6 +21,9 @@ func TestMeterEventsCommand(t *testing.T) {
 	if code, _, errs := call(context.Background(), "meter-events", "--safe-window", "25h"); code != 2 || !strings.Contains(errs, "below Stripe's 24h") {
 		t.Fatalf("--safe-window 25h: exit %d %s", code, errs)
 	}
+	if code, _, errs := call(context.Background(), "meter-events", "--pipeline", "0"); code != 2 || !strings.Contains(errs, "--pipeline 0") {
+		t.Fatalf("--pipeline 0: exit %d %s", code, errs)
+	}
 	_, url := testenv.DBWithURL(t)
 	schema := testenv.SchemaOfURL(url)
 	sim, err := stripesim.New(stripesim.Config{Seed: 3})
