@@ -18,7 +18,7 @@ func (d *drill) runCell(ctx context.Context, scenario, mode string, n, total int
 	res = Result{Scenario: scenario, Mode: mode, Events: d.cfg.Events}
 	c, cleanup, err := d.newCell(ctx, scenario, mode, n)
 	defer cleanup() // deferred first: runs after the failure is counted below
-	d.prep.step()   // this cell's migration is done: the background may make one
+	d.prep.start()  // this cell's migration is done: the background may make the usage schema
 	if err != nil {
 		res.Error = redact.String(err.Error())
 		d.progress.fail(nil, n, total, scenario, mode, 0, res.Error)

@@ -346,7 +346,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return rep, err
 	}
 	defer d.close()
-	d.prep = d.prepareUsageSchemas(ctx, cfg.Scenarios)
+	d.prep = d.prepareUsageSchema(ctx, cfg.Scenarios)
 	defer d.prep.wait() // before d.close drops the schemas
 	if cfg.onStart != nil {
 		cfg.onStart(d.runID)

@@ -45,7 +45,7 @@ type drill struct {
 	admin    *pgxpool.Pool
 	progress *progress
 	log      *slog.Logger
-	// prep makes the usage scenarios' pelguard schemas ahead (usageprep.go).
+	// prep makes the usage scenarios' pelguard schema ahead (usageprep.go).
 	prep *schemaPrep
 
 	mu      sync.Mutex

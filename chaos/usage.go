@@ -24,8 +24,10 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-// meterEventName is the drill's meter (a sum meter at the emulator).
-const meterEventName = "api_requests"
+// meterEventName is a usage scenario's meter (a sum meter at the
+// emulator): one per scenario, so the scenarios' pelguard cells share a
+// schema without sharing an identifier, a ledger row or a customer's slot.
+func meterEventName(scenario string) string { return "api_requests_" + scenario }
 
 // UsageResult is one usage scenario run in one mode, counted at the
 // emulator: each customer's total of the meter against what the
@@ -143,6 +145,9 @@ type usageCell struct {
 	// The dead letters, once read (readDeadLetters).
 	deadRead          bool
 	parked, otherDead int
+	// settledBefore counts the shared schema's settled rows of earlier
+	// scenarios among this cell's timestamps (pelguard).
+	settledBefore int
 	// callsAtGap is the emulator's meter-event answers when usage-25h-gap's
 	// day has passed (-1: no gap).
 	callsAtGap int64
@@ -155,8 +160,8 @@ func (c *cell) meterCalls() int64 {
 }
 
 // newUsageCell sets up a usage scenario's cell: its stream, emulator (with
-// the sum meter), the events and, for pelguard, the schema made for it
-// (usageprep.go). The
+// the scenario's sum meter), the events and, for pelguard, the usage
+// scenarios' schema (usageprep.go). The
 // events go round-robin over a quarter as many customers (at least 10), so
 // a batch of 10 never holds two of one customer, and each customer's total
 // is several events.
@@ -185,18 +190,17 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 	}
 	c.sim = sim
 	closers = append(closers, sim.Close)
-	m, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterEventName})
+	m, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterEventName(scenario)})
 	if err != nil {
 		return nil, cleanup, err
 	}
 	c.usage.meterID = m.ID
 	if mode == ModePelguard {
-		ps, err := d.prep.take(ctx, scenario)
+		ps, err := d.prep.take(ctx)
 		if err != nil {
 			return nil, cleanup, err
 		}
-		c.pool, c.dbURL, c.schema = ps.pool, ps.url, ps.schema
-		closers = append(closers, ps.pool.Close)
+		c.pool, c.dbURL, c.schema = ps.pool, ps.url, ps.schema // the prep's pool: not closed here
 		if c.usage.ledger, err = meterledger.New(ps.pool, meterledger.Config{Schema: ps.schema, Clock: c.clk}); err != nil {
 			return nil, cleanup, err
 		}
@@ -208,7 +212,7 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 	base := sim.Now().Add(-4 * time.Hour).Truncate(time.Minute)
 	for i := range d.cfg.Events {
 		c.usage.events = append(c.usage.events, event.MeterEvent{
-			EventName: meterEventName, CustomerID: fmt.Sprintf("c_%d", i%customers),
+			EventName: meterEventName(scenario), CustomerID: fmt.Sprintf("c_%d", i%customers),
 			StripeCustomerID: fmt.Sprintf("cus_%d", i%customers),
 			// Values vary with the seed so over-counted units are not a
 			// multiple of one price; the verdicts must not care.
@@ -218,6 +222,11 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 	}
 	c.usage.from = base
 	c.usage.to = base.Add(time.Duration(d.cfg.Events) * time.Second).Truncate(time.Minute).Add(time.Minute)
+	if c.usage.ledger != nil {
+		if c.usage.settledBefore, err = c.settledRows(ctx); err != nil {
+			return nil, cleanup, err
+		}
+	}
 	return c, cleanup, nil
 }
 
@@ -372,16 +381,30 @@ func (c *cell) usageState(ctx context.Context, s *state) error {
 	if c.usage.ledger == nil {
 		return nil
 	}
+	n, err := c.settledRows(ctx)
+	if err != nil {
+		return err
+	}
+	s.terminal = n - c.usage.settledBefore
+	return nil
+}
+
+// settledRows counts the ledger's settled rows (delivered, parked, failed)
+// whose timestamps fall among the cell's events'. The schema is shared
+// with the usage scenarios run before (settledBefore counts theirs: each
+// has drained before the next begins).
+func (c *cell) settledRows(ctx context.Context) (int, error) {
 	counts, err := c.usage.ledger.Counts(ctx, c.usage.from, c.usage.to)
 	if err != nil {
-		return fmt.Errorf("counting meter ledger rows: %w", err)
+		return 0, fmt.Errorf("counting meter ledger rows: %w", err)
 	}
-	for st, n := range counts {
+	n := 0
+	for st, k := range counts {
 		if st != meterledger.StatusSending {
-			s.terminal += int(n)
+			n += int(k)
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // countUsage counts the cell at the emulator: each customer's total from
@@ -411,7 +434,7 @@ func (c *cell) countUsage(ctx context.Context, res *UsageResult) error {
 			got += int64(math.Round(s.Value))
 		}
 		recorded := 0
-		for _, e := range c.sim.MeterEvents(meterEventName, cus) {
+		for _, e := range c.sim.MeterEvents(meterEventName(c.scenario), cus) {
 			if !e.Cancelled {
 				recorded++
 			}

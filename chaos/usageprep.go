@@ -11,17 +11,17 @@ import (
 	"github.com/pelguard/pelguard/internal/meterledger"
 )
 
-// A pelguard usage cell needs a migrated schema with meter_events' daily
+// pelguard's usage cells need a migrated schema with meter_events' daily
 // partitions (38 of them: Stripe's 35 days, a day of margin, two ahead),
-// which takes a second or two of DDL. The drill makes them in the
-// background while the charge scenarios run, so the usage scenarios do not
-// wait for them. Migrations are serialised database-wide (goose's advisory
-// lock), so a schema made while a charge cell makes its own would delay
-// that cell: the background makes one schema per charge cell, after the
-// cell has its schema (step), and the rest once the usage scenarios begin
-// (release).
+// seconds of DDL on a loaded machine. The usage scenarios run one after
+// another and their pelguard cells share one schema, kept apart by a meter
+// (event name) of each scenario's own: their identifiers, ledger rows and
+// customer-meter slots never meet. The drill makes that schema in the
+// background once the first charge cell has made its own (migrations are
+// serialised database-wide by goose's advisory lock, so it must not delay
+// that cell's), or at once when no charge scenario runs.
 
-// preparedSchema is a pelguard usage cell's schema, made ahead.
+// preparedSchema is the usage cells' schema, made ahead.
 type preparedSchema struct {
 	pool   *pgxpool.Pool
 	url    string
@@ -29,53 +29,47 @@ type preparedSchema struct {
 	err    error
 }
 
-// schemaPrep makes the usage scenarios' pelguard schemas in the background.
+// schemaPrep makes the usage cells' schema in the background.
 type schemaPrep struct {
-	ready  map[string]chan preparedSchema
+	needed bool
+	done   chan struct{} // closed once ps is set
+	ps     preparedSchema
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// steps lets one schema be made; released lets all the rest be.
-	steps       chan struct{}
-	released    chan struct{}
-	releaseOnce sync.Once
+	// begin lets the making begin.
+	begin     chan struct{}
+	beginOnce sync.Once
 }
 
-// prepareUsageSchemas starts making a schema for each usage scenario of
-// scenarios (suffix "u<i>"), in order. wait must be called before the
-// drill removes its schemas.
-func (d *drill) prepareUsageSchemas(ctx context.Context, scenarios []string) *schemaPrep {
+// prepareUsageSchema starts making the schema when scenarios hold a usage
+// scenario that will run. wait must be called before the drill removes its
+// schemas.
+func (d *drill) prepareUsageSchema(ctx context.Context, scenarios []string) *schemaPrep {
 	ctx, cancel := context.WithCancel(ctx)
-	p := &schemaPrep{ready: map[string]chan preparedSchema{}, cancel: cancel,
-		steps: make(chan struct{}, len(scenarios)), released: make(chan struct{})}
-	var todo []string
+	p := &schemaPrep{done: make(chan struct{}), cancel: cancel, begin: make(chan struct{})}
 	for _, sc := range scenarios {
-		if sc == ScenarioUsageAOFRollback && redisServerMissing() != "" {
-			continue // skipped: Run says why
+		if isUsage(sc) && (sc != ScenarioUsageAOFRollback || redisServerMissing() == "") {
+			p.needed = true
 		}
-		if isUsage(sc) {
-			p.ready[sc] = make(chan preparedSchema, 1)
-			todo = append(todo, sc)
-		}
+	}
+	if !p.needed {
+		close(p.done)
+		return p
 	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		for i, sc := range todo {
-			select {
-			case <-p.steps:
-			case <-p.released:
-			case <-ctx.Done():
-			}
-			var ps preparedSchema
-			ps.pool, ps.url, ps.schema, ps.err = d.newSchema(ctx, fmt.Sprintf("u%d", i))
-			if ps.err == nil {
-				ps.err = ensurePartitions(ctx, ps.pool, ps.schema)
-			}
-			if ps.err != nil && ps.pool != nil {
-				ps.pool.Close()
-				ps.pool = nil
-			}
-			p.ready[sc] <- ps
+		defer close(p.done)
+		select {
+		case <-p.begin:
+		case <-ctx.Done():
+			p.ps.err = ctx.Err()
+			return
+		}
+		ps := &p.ps
+		ps.pool, ps.url, ps.schema, ps.err = d.newSchema(ctx, "usage")
+		if ps.err == nil {
+			ps.err = ensurePartitions(ctx, ps.pool, ps.schema)
 		}
 	}()
 	return p
@@ -92,44 +86,32 @@ func ensurePartitions(ctx context.Context, pool *pgxpool.Pool, schema string) er
 	return nil
 }
 
-// step lets the background make one schema: a charge cell has made its own.
-func (p *schemaPrep) step() {
-	select {
-	case p.steps <- struct{}{}:
-	default:
-	}
-}
+// start lets the background make the schema: a charge cell has made its
+// own, or the usage scenarios begin.
+func (p *schemaPrep) start() { p.beginOnce.Do(func() { close(p.begin) }) }
 
-// release lets the background make every schema left.
-func (p *schemaPrep) release() { p.releaseOnce.Do(func() { close(p.released) }) }
-
-// take returns scenario's schema once it is made; the caller owns its pool.
-func (p *schemaPrep) take(ctx context.Context, scenario string) (preparedSchema, error) {
-	p.release()
-	ch, ok := p.ready[scenario]
-	if !ok {
-		return preparedSchema{}, fmt.Errorf("no schema prepared for %s", scenario)
+// take returns the schema once it is made. The pool stays the prep's: a
+// cell must not close it.
+func (p *schemaPrep) take(ctx context.Context) (preparedSchema, error) {
+	if !p.needed {
+		return preparedSchema{}, fmt.Errorf("no schema prepared for the usage scenarios")
 	}
+	p.start()
 	select {
-	case ps := <-ch:
-		return ps, ps.err
+	case <-p.done:
+		return p.ps, p.ps.err
 	case <-ctx.Done():
 		return preparedSchema{}, ctx.Err()
 	}
 }
 
-// wait stops the preparation and closes the pools no cell took (a skipped
-// or interrupted scenario); the schemas themselves are the drill's to drop.
+// wait stops the making and closes the pool; the schema itself is the
+// drill's to drop.
 func (p *schemaPrep) wait() {
 	p.cancel()
 	p.wg.Wait()
-	for _, ch := range p.ready {
-		select {
-		case ps := <-ch:
-			if ps.pool != nil {
-				ps.pool.Close()
-			}
-		default:
-		}
+	<-p.done
+	if p.ps.pool != nil {
+		p.ps.pool.Close()
 	}
 }
