@@ -26,7 +26,8 @@
 //     emulator's clock and the ledger's) before the entries are delivered
 //     again, past Stripe's identifier window.
 //
-// Every run gets its own stream names and Postgres schemas, removed at the
+// Every run gets its own stream names and Postgres schemas (one per charge
+// cell, one shared by the usage scenarios' pelguard cells), removed at the
 // end, even when the run fails or is interrupted.
 package chaos
 
@@ -369,9 +370,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 		if isUsage(sc) {
 			// A usage scenario's three modes run at once: each cell has
-			// its own stream, emulator, schema (and Redis server), and
-			// most of a cell's time is spent waiting for min-idle, a slow
-			// call or a lost reply, so the drill's time stays small.
+			// its own stream and emulator (and Redis server), only the
+			// pelguard cell uses the database, and most of a cell's time
+			// is spent waiting for min-idle, a slow call or a lost reply,
+			// so the drill's time stays small.
 			res, cellErrs := d.runUsageCells(ctx, sc, n, total)
 			n += len(res)
 			if ctx.Err() != nil {

@@ -161,10 +161,9 @@ func (c *cell) meterCalls() int64 {
 
 // newUsageCell sets up a usage scenario's cell: its stream, emulator (with
 // the scenario's sum meter), the events and, for pelguard, the usage
-// scenarios' schema (usageprep.go). The
-// events go round-robin over a quarter as many customers (at least 10), so
-// a batch of 10 never holds two of one customer, and each customer's total
-// is several events.
+// scenarios' schema (usageprep.go). The events go round-robin over a
+// quarter as many customers (at least 10), so a batch of 10 never holds two
+// of one customer, and each customer's total is several events.
 func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
 	c := &cell{
 		d: d, scenario: scenario, mode: mode, rdb: d.rdb, redisURL: d.cfg.RedisURL,
