@@ -2,8 +2,10 @@
 // and charges each customer exactly once per billing period.
 //
 // Per event (DESIGN.md "Consumer, per event"): validate → ledger reserve
-// (with the spend cap) → Stripe with the content-hash idempotency key →
-// fenced ledger finish → XACK. A heartbeat renews both the PEL entry and the
+// (with the spend cap; a read batch at once) → Stripe with the content-hash
+// idempotency key → fenced ledger finish → XACK (charges recorded and acked
+// in groups, each entry only after its own outcome committed). A heartbeat
+// renews both the PEL entry and the
 // ledger lease from the moment XREADGROUP returns until the ack, closing
 // "reclaim while in flight"; per-event write-before-ack closes "partial
 // batch"; the ledger check before every charge closes "AOF rollback".
@@ -70,9 +72,11 @@ type Config struct {
 	// Namespace keeps environments from sharing idempotency keys.
 	Namespace string
 
-	Count   int64         // XREADGROUP COUNT; acks stay per event whatever it is
-	Block   time.Duration // XREADGROUP BLOCK
-	Workers int           // events handled at once
+	Count int64         // XREADGROUP COUNT; acks stay per event whatever it is
+	Block time.Duration // XREADGROUP BLOCK
+	// Workers is how many events are handled at once. A charge waiting for
+	// its group's commit and XACK (the settler) no longer holds a worker.
+	Workers int
 	// Lease is how long the ledger lease lasts without a heartbeat; the
 	// heartbeat runs every Lease/3.
 	Lease time.Duration
@@ -303,8 +307,8 @@ type job struct {
 	stream string
 	msg    redis.XMessage
 	h      *hold
-	pre    *ledger.Record // lease taken by the reader's batch reservation, if any
-	readAt time.Time      // when XREADGROUP returned it: the start of its span
+	pre    *prepared // the parsed event and the batch reservation's decision; nil: none
+	readAt time.Time // when XREADGROUP returned it: the start of its span
 }
 
 func (c *Consumer) run(readCtx, workCtx context.Context) error {
@@ -312,19 +316,31 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 	defer stopHB()
 	go c.proc.hb.run(hbCtx)
 
-	c.proc.commits = newCommitter(c.cfg.ledger, 128)
-	stopCommits := make(chan struct{})
-	commitsDone := make(chan struct{})
-	go func() { defer close(commitsDone); c.proc.commits.run(stopCommits) }()
-	defer func() { close(stopCommits); <-commitsDone }()
+	c.proc.settler = newSettler(c.proc, settleGroupMax)
+	stopSettling := make(chan struct{})
+	settled := make(chan struct{})
+	go func() { defer close(settled); c.proc.settler.run(stopSettling) }()
+	defer func() { close(stopSettling); <-settled }() // after the workers: everything handed over is settled
+	c.proc.hb.checker = newOwnedChecker(c.proc.hb, settleGroupMax)
+	stopChecks := make(chan struct{})
+	checked := make(chan struct{})
+	go func() { defer close(checked); c.proc.hb.checker.run(stopChecks) }()
+	defer func() { close(stopChecks); <-checked }()
 
-	jobs := make(chan job)
+	// One read batch of look-ahead: while the workers charge one batch, the
+	// reader reads and reserves the next, so they never wait for its
+	// ledger round trips.
+	jobs := make(chan job, c.cfg.Count)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
+				if readCtx.Err() != nil {
+					c.giveBack(workCtx, j) // queued, not started, when the stop came
+					continue
+				}
 				c.handle(j)
 			}
 		}()
@@ -369,10 +385,28 @@ func (c *Consumer) followUpLoop(readCtx, workCtx context.Context) {
 // FollowUp runs one pass of the ledger's own work (Processor.FollowUp).
 func (c *Consumer) FollowUp(ctx context.Context) (FollowUpResult, error) { return c.proc.FollowUp(ctx) }
 
+// settleGroupMax bounds one settled group (and the charges queued for it).
+const settleGroupMax = 256
+
 func (c *Consumer) handle(j job) {
-	defer c.proc.hb.remove(j.h)
-	defer c.cfg.Metrics.held(c.cfg.Stream, -1)
-	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre, j.readAt) // outcomes are logged and counted inside
+	// Outcomes are logged and counted inside; the hold is let go once the
+	// event has ended, which for a charge is after its group is acked.
+	_, _ = c.proc.processPrepared(j.h, j.msg, j.pre, j.readAt, func() {
+		c.proc.hb.remove(j.h)
+		c.cfg.Metrics.held(c.cfg.Stream, -1)
+	})
+}
+
+// giveBack lets go of an entry the consumer is stopping before it started
+// on it: it stays pending (never acked) for the next delivery, and the lease
+// the batch reservation took for it is released so that delivery need not
+// wait for it to expire.
+func (c *Consumer) giveBack(ctx context.Context, j job) {
+	if r := j.pre.lease(); r != nil {
+		c.proc.releaseQuiet(ctx, *r, errors.New("consumer shut down before handling it"))
+	}
+	c.proc.hb.remove(j.h)
+	c.cfg.Metrics.held(c.cfg.Stream, -1)
 }
 
 // readLoop reads batches and hands every entry to a worker. With a pinned
@@ -385,6 +419,7 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 	}
 	backoff := 100 * time.Millisecond
 	for readCtx.Err() == nil {
+		sent := time.Now()
 		res, err := c.cfg.Redis.XReadGroup(readCtx, &redis.XReadGroupArgs{
 			Group: c.cfg.Group, Consumer: c.cfg.Name, Streams: []string{c.cfg.Stream, cursor},
 			Count: c.cfg.Count, Block: c.cfg.Block,
@@ -429,6 +464,10 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 		holds := make([]*hold, len(msgs))
 		for i, m := range msgs {
 			holds[i] = c.proc.hb.add(workCtx, c.cfg.Stream, m.ID)
+			if cursor == ">" {
+				// Delivered by this read: idle since it was sent at most.
+				holds[i].setProven(sent)
+			}
 			c.cfg.Metrics.held(c.cfg.Stream, 1)
 		}
 		pre := c.reserveBatch(workCtx, msgs, holds)
@@ -436,16 +475,8 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 			select {
 			case jobs <- job{stream: c.cfg.Stream, msg: m, h: holds[i], pre: pre[i], readAt: readAt}:
 			case <-readCtx.Done():
-				// Shutting down before these started: they stay pending
-				// (never acked) for the next delivery, and the leases the
-				// batch reservation took for them are given back so that
-				// delivery need not wait for them to expire.
-				for j, h := range holds[i:] {
-					if r := pre[i+j]; r != nil {
-						c.proc.releaseQuiet(workCtx, *r, errors.New("consumer shut down before handling it"))
-					}
-					c.proc.hb.remove(h)
-					c.cfg.Metrics.held(c.cfg.Stream, -1)
+				for k := i; k < len(msgs); k++ {
+					c.giveBack(workCtx, job{stream: c.cfg.Stream, msg: msgs[k], h: holds[k], pre: pre[k]})
 				}
 				return readCtx.Err()
 			}
@@ -454,42 +485,60 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 	return readCtx.Err()
 }
 
-// reserveBatch takes the ledger lease for every first delivery of a batch in
-// one statement (ledger.ReserveNew): one round trip and one WAL flush instead
-// of one transaction per event. Entries it does not cover (invalid, already
-// in the ledger, capped periods, --require-cap, or a failed statement) get
-// nil and go through the per-event Reserve as usual.
-func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, holds []*hold) []*ledger.Record {
-	pre := make([]*ledger.Record, len(msgs))
-	if len(msgs) < 2 || c.cfg.RequireCap {
-		return pre
+// prepared is what the reader learnt of an entry before a worker took it:
+// the parsed event and the batch reservation's answer for it.
+type prepared struct {
+	ev    event.Event
+	batch ledger.BatchClaim // undecided: the worker reserves it with Reserve
+}
+
+// lease is the ledger lease the batch took for the entry, if it took one.
+func (p *prepared) lease() *ledger.Record {
+	if p == nil || !p.batch.Decided || p.batch.Err != nil || !p.batch.Claim.Decision.MayCharge() {
+		return nil
 	}
+	return &p.batch.Claim.Record
+}
+
+// reserveBatch decides every valid entry of a read batch in the ledger at
+// once (ledger.ReserveBatch): new rows, takeovers, terminal rows, busy rows,
+// conflicts and spend caps in one statement for a batch of first
+// deliveries, one more transaction for the rest, instead of one
+// transaction per event. The workers act on each decision as on Reserve's;
+// what the batch left undecided (a batch of one, and invalid entries, nil)
+// they reserve one by one.
+func (c *Consumer) reserveBatch(ctx context.Context, msgs []redis.XMessage, holds []*hold) []*prepared {
+	pre := make([]*prepared, len(msgs))
 	reqs := make([]ledger.ReserveRequest, 0, len(msgs))
-	for _, m := range msgs {
-		if m.Values == nil {
-			continue
-		}
-		if ev, err := event.ParseFields(m.Values, c.cfg.Rules); err == nil {
-			reqs = append(reqs, c.proc.reserveRequest(ev, m.ID))
-		}
-	}
-	got, err := c.cfg.ledger.ReserveNew(ctx, reqs)
-	if err != nil {
-		c.cfg.Logger.WarnContext(ctx, "batch reservation failed; reserving per event", slog.Any("error", err))
-		return pre
-	}
+	at := make([]int, 0, len(msgs))
 	for i, m := range msgs {
 		if m.Values == nil {
 			continue
 		}
 		ev, err := event.ParseFields(m.Values, c.cfg.Rules)
 		if err != nil {
-			continue
+			continue // the worker dead-letters it with the reason
 		}
-		if r, ok := got[ledger.EventKey(ev)]; ok && r.StreamMessageID == m.ID {
-			rec := r
-			pre[i] = &rec
-			holds[i].setLease(&rec) // the heartbeat renews it from now on
+		pre[i] = &prepared{ev: ev}
+		req := c.proc.reserveRequest(ev, m.ID)
+		req.Replay = IsReplay(m.Values)
+		reqs = append(reqs, req)
+		at = append(at, i)
+	}
+	if len(reqs) < 2 {
+		// A batch of one gains nothing: its worker reserves it, so its row
+		// turns pending only once a worker holds it (what Stop finishes).
+		return pre
+	}
+	claims, err := c.cfg.ledger.ReserveBatch(ctx, reqs)
+	if err != nil {
+		c.cfg.Logger.WarnContext(ctx, "batch reservation failed in part; reserving the rest per event", slog.Any("error", err))
+	}
+	for j, cl := range claims {
+		i := at[j]
+		pre[i].batch = cl
+		if r := pre[i].lease(); r != nil {
+			holds[i].setLease(r) // the heartbeat renews it from now on
 		}
 	}
 	return pre

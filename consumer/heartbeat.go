@@ -46,10 +46,31 @@ type hold struct {
 	cancel     context.CancelCauseFunc
 
 	acking atomic.Bool // the entry is being acked (see heartbeat.acking)
+	// settled, when set, lets apply hand a charge to the consumer's
+	// settler, which ends the event with it (processPrepared).
+	settled func(Outcome, error)
 
 	mu    sync.Mutex
 	lease *ledger.Record // set once Reserve gave us the ledger lease
 	until time.Time      // our lease is valid at least until then (ledger clock)
+	// proven is when the entry was last shown to be ours in Redis: the
+	// moment the XREADGROUP (">") or renewal that showed it was sent, so
+	// its idle time in the PEL is at most time.Since(proven).
+	proven time.Time
+}
+
+func (h *hold) setProven(t time.Time) {
+	h.mu.Lock()
+	if t.After(h.proven) {
+		h.proven = t
+	}
+	h.mu.Unlock()
+}
+
+func (h *hold) provenAt() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.proven
 }
 
 func (h *hold) setLease(r *ledger.Record) {
@@ -98,8 +119,19 @@ type heartbeat struct {
 	metrics  *Metrics
 	disabled bool // tests: prove the other defences hold without it
 
+	// checker, when the consumer runs one, coalesces stillOwned's
+	// re-checks (owned.go); nil: one script per check.
+	checker *ownedChecker
+
 	mu    sync.Mutex
 	holds map[string]*hold // stream + "\x00" + id
+
+	// events counts the stream entries this processor handled (any
+	// outcome); register publishes it with the rate since its last beat
+	// (liveness.go, Stats).
+	events    atomic.Int64
+	statsMu   sync.Mutex
+	statsLast Stats
 }
 
 func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, stream, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {
@@ -183,7 +215,8 @@ func (hb *heartbeat) register(ctx context.Context) {
 	if hb.stream == "" {
 		return
 	}
-	if err := Register(ctx, hb.rdb, hb.stream, hb.group, hb.name, hb.ledger.Now()); err != nil && ctx.Err() == nil {
+	now := hb.ledger.Now()
+	if err := registerWithStats(ctx, hb.rdb, hb.stream, hb.group, hb.name, now, hb.stats(now)); err != nil && ctx.Err() == nil {
 		hb.logger.WarnContext(ctx, "heartbeat: registering liveness failed", slog.Any("error", err))
 	}
 }
@@ -257,6 +290,7 @@ func (hb *heartbeat) renewEntries(ctx context.Context, stream string, hs []*hold
 	for i, h := range hs {
 		ids[i] = h.id
 	}
+	sent := time.Now()
 	owned, err := renew(ctx, hb.rdb, stream, hb.group, hb.name, ids)
 	if err != nil {
 		// Redis unreachable: we cannot tell; the ledger lease still
@@ -266,6 +300,9 @@ func (hb *heartbeat) renewEntries(ctx context.Context, stream string, hs []*hold
 		return
 	}
 	for _, h := range hs {
+		if owned[h.id] {
+			h.setProven(sent)
+		}
 		if !owned[h.id] && hb.held(h) { // an entry acked meanwhile is done, not lost
 			hb.logger.WarnContext(ctx, "heartbeat: entry no longer ours; cancelling its work",
 				slog.String("stream", stream), slog.String("id", h.id))
@@ -278,13 +315,32 @@ func (hb *heartbeat) renewEntries(ctx context.Context, stream string, hs []*hold
 
 // stillOwned re-checks one entry just before a Stripe call. A ledger-only
 // hold has no entry: its lease is fenced by the ledger alone.
+//
+// An entry shown to be ours less than half a heartbeat interval ago (read
+// as new, or renewed) is taken as ours without another round trip: its
+// idle time is below lease/6, and a reaper claims only entries idle longer
+// than its --min-idle, which must exceed lease/3 (it warns at start when
+// it does not). A claim below that fence (a manual XCLAIM … 0, a reaper
+// misconfigured) takes an entry whose ledger lease is ours and live: its
+// Reserve answers Busy and it leaves the row alone, and our charge is
+// recorded under our epoch as usual.
 func (hb *heartbeat) stillOwned(ctx context.Context, h *hold) (bool, error) {
 	if h.ledgerOnly() {
 		return true, nil
 	}
+	if time.Since(h.provenAt()) < hb.interval/2 {
+		return true, nil
+	}
+	if hb.checker != nil {
+		return hb.checker.check(ctx, h)
+	}
+	sent := time.Now()
 	owned, err := renew(ctx, hb.rdb, h.stream, hb.group, hb.name, []string{h.id})
 	if err != nil {
 		return false, err
+	}
+	if owned[h.id] {
+		h.setProven(sent)
 	}
 	return owned[h.id], nil
 }

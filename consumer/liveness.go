@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -57,4 +59,82 @@ func Forget(ctx context.Context, rdb redis.UniversalClient, stream, group string
 		return nil
 	}
 	return rdb.HDel(ctx, LivenessKey(stream, group), names...).Err()
+}
+
+// Stats is what a consumer publishes with each heartbeat beside its
+// liveness, for the console's live pipeline: how many stream entries it
+// has handled since it started and at what rate since its previous beat.
+// Each consumer's stats are one key that expires (StatsTTL), so dead
+// consumers' stats do not pile up.
+type Stats struct {
+	Events    int64     `json:"events"`
+	PerSecond float64   `json:"per_s"`
+	At        time.Time `json:"at"`
+}
+
+// StatsTTL is how long a consumer's published stats outlive its last
+// heartbeat.
+const StatsTTL = 10 * time.Minute
+
+// StatsKey is the key of one consumer's published Stats.
+func StatsKey(stream, group, name string) string {
+	return stream + ":pelguard:consumer-stats:" + group + ":" + name
+}
+
+// registerWithStats is Register and the consumer's Stats in one round trip.
+func registerWithStats(ctx context.Context, rdb redis.UniversalClient, stream, group, name string, now time.Time, st Stats) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	pipe := rdb.Pipeline()
+	pipe.HSet(ctx, LivenessKey(stream, group), name, now.UnixMilli())
+	pipe.Set(ctx, StatsKey(stream, group, name), b, StatsTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("registering consumer %s on %s/%s: %w", name, stream, group, err)
+	}
+	return nil
+}
+
+// ReadStats reads the published Stats of names (one pipelined GET each,
+// so it works across Redis Cluster slots); a consumer without stats (never
+// published, or expired) is absent from the result.
+func ReadStats(ctx context.Context, rdb redis.UniversalClient, stream, group string, names []string) (map[string]Stats, error) {
+	out := map[string]Stats{}
+	if len(names) == 0 {
+		return out, nil
+	}
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(names))
+	for i, n := range names {
+		cmds[i] = pipe.Get(ctx, StatsKey(stream, group, n))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("reading consumer stats on %s/%s: %w", stream, group, err)
+	}
+	for i, c := range cmds {
+		var st Stats
+		if b, err := c.Bytes(); err == nil && json.Unmarshal(b, &st) == nil {
+			out[names[i]] = st
+		}
+	}
+	return out, nil
+}
+
+// stats is the consumer's Stats at now: its count, and the rate since the
+// previous beat.
+func (hb *heartbeat) stats(now time.Time) Stats {
+	n := hb.events.Load()
+	hb.statsMu.Lock()
+	defer hb.statsMu.Unlock()
+	st := Stats{Events: n, At: now}
+	if last := hb.statsLast; !last.At.IsZero() {
+		if dt := now.Sub(last.At).Seconds(); dt > 0 {
+			st.PerSecond = float64(n-last.Events) / dt
+		} else {
+			st.PerSecond = last.PerSecond
+		}
+	}
+	hb.statsLast = st
+	return st
 }

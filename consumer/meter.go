@@ -312,7 +312,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			continue
 		}
 		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
-			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect()}
+			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect(), Replay: IsReplay(m.Values)}
 		reqs = append(reqs, r)
 		items = append(items, &pendingMsg{msg: m, req: r})
 	}
@@ -326,7 +326,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		it := items[i]
 		it.claim = cl
 		switch cl.Decision {
-		case meterledger.Acquired, meterledger.TakenOver:
+		case meterledger.Acquired, meterledger.TakenOver, meterledger.Reopened:
 			send = append(send, it)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
 			b.Already++

@@ -216,3 +216,49 @@ func TestMeterUnknownOutcomePastTheWindowIsParked(t *testing.T) {
 		t.Fatalf("%d entries still pending", b.pending(t))
 	}
 }
+
+// "Fix and replay": an event Stripe refused (its meter did not exist yet)
+// is recorded failed and dead-lettered; delivered again as it is, it is
+// acked without a call; replayed once the meter exists, it is sent and
+// counted once.
+func TestMeterRefusedEventIsSentOnReplay(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := setup(t, opts{simNow: now})
+	e := meterEvent(7, 7, now.Add(-time.Minute))
+	b.addMeter(t, e)
+	a := b.meterConsumer(t, "m-a")
+	ctx := context.Background()
+	first, err := a.ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || first.DeadLetters != 1 {
+		t.Fatalf("first delivery %+v %v: want a dead letter (no such meter)", first, err)
+	}
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	// The same entry again, not a replay (an AOF rollback): acked, no call.
+	b.addMeter(t, e)
+	again, err := a.ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || again.Already != 1 || b.sim.MeterEventCounts().Recorded != 0 {
+		t.Fatalf("redelivery %+v %v, %+v: want acked without a call", again, err, b.sim.MeterEventCounts())
+	}
+	// The operator's replay.
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": e.Payload(),
+		consumer.ReplayedFromField: "1-0"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replayed, err := a.ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || replayed.Delivered != 1 {
+		t.Fatalf("replay %+v %v: want it sent", replayed, err)
+	}
+	b.assertMeterTotals(t, sums([]event.MeterEvent{e}))
+	// Replayed twice: delivered, never sent again.
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": e.Payload(),
+		consumer.ReplayedFromField: "1-0"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	twice, err := a.ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || twice.Already != 1 || b.sim.MeterEventCounts().Recorded != 1 {
+		t.Fatalf("second replay %+v %v, %+v: want acked as delivered", twice, err, b.sim.MeterEventCounts())
+	}
+}

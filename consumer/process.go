@@ -86,10 +86,12 @@ const (
 // Processor handles single stream entries: the per-event algorithm of
 // DESIGN.md, shared by the consumer's workers and the reaper's re-drive.
 type Processor struct {
-	cfg     Config
-	tracer  trace.Tracer
-	hb      *heartbeat
-	commits *committer // the consumer's group commit of charged outcomes; nil: one by one
+	cfg    Config
+	tracer trace.Tracer
+	hb     *heartbeat
+	// settler records and acks the consumer's charged outcomes in groups
+	// (commit.go); nil (the reaper's processor): one by one.
+	settler *settler
 }
 
 // Process handles one entry read or claimed by this processor's consumer
@@ -99,46 +101,68 @@ type Processor struct {
 func (p *Processor) Process(ctx context.Context, stream string, msg redis.XMessage) (Outcome, error) {
 	h := p.hb.add(ctx, stream, msg.ID)
 	defer p.hb.remove(h)
-	return p.processPrepared(h, msg, nil, time.Time{})
+	return p.processPrepared(h, msg, nil, time.Time{}, nil)
 }
 
-// processPrepared handles one held entry, with an optional lease the reader
-// already took for it in a batch (ledger.ReserveNew): then the per-event
-// Reserve is skipped, everything else is the same. readAt, if set, is when the
-// reader got the entry: the event's span starts there.
-func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *ledger.Record, readAt time.Time) (out Outcome, err error) {
+// outcomeSettling: the charge was handed to the settler, which ends the
+// event (records, acks, counts) with its real outcome. Never reported.
+const outcomeSettling Outcome = "settling"
+
+// processPrepared handles one held entry, with what the reader already did
+// for it, if anything (pre: the parsed event and the batch reservation's
+// decision): then the per-event Reserve is skipped, everything else is the
+// same. readAt, if set, is when the reader got the entry: the event's span
+// starts there. after, if set, runs once the event has ended: when this
+// returns, or, for a charge handed to the consumer's settler (then this
+// returns outcomeSettling), once its group is recorded and acked.
+func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, readAt time.Time, after func()) (out Outcome, err error) {
 	ctx, span := p.startEvent(h, msg.ID, readAt)
 	log := p.cfg.Logger.With(slog.String("stream", h.stream), slog.String("id", msg.ID))
-	defer func() {
+	end := func(out Outcome, err error) {
 		endEvent(span, out, err)
 		p.cfg.Metrics.event(h.stream, out)
+		p.hb.events.Add(1)
 		if err != nil {
 			log.WarnContext(ctx, "event left pending", slog.String("outcome", string(out)), slog.Any("error", err))
 		} else {
 			log.DebugContext(ctx, "event handled", slog.String("outcome", string(out)))
+		}
+		if after != nil {
+			after()
+		}
+	}
+	if p.settler != nil && after != nil {
+		h.settled = end // apply may hand a charge over
+	}
+	defer func() {
+		if out != outcomeSettling {
+			end(out, err)
 		}
 	}()
 
 	if msg.Values == nil { // XREADGROUP 0 returns deleted entries with no body
 		return OutcomeAlreadyBilled, p.ack(ctx, h.stream, msg.ID)
 	}
-	ev, err := event.ParseFields(msg.Values, p.cfg.Rules)
-	if err != nil {
+	var ev event.Event
+	if pre != nil {
+		ev = pre.ev // parsed by the reader
+	} else if ev, err = event.ParseFields(msg.Values, p.cfg.Rules); err != nil {
 		var re *event.RejectError
 		errors.As(err, &re)
 		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter)
 	}
 	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
 	span.SetAttributes(attrCustomerID.String(ev.CustomerID), attrBillingPeriod.String(ev.BillingPeriod))
-	key := ev.Key(p.cfg.Namespace)
 
-	if pre != nil && pre.IdempotencyKey == key {
-		span.AddEvent("ledger.reserved", trace.WithAttributes(attrDecision.String("batch")))
-		return p.charge(ctx, h, msg, ev, *pre, log)
+	var claim ledger.Claim
+	if pre != nil && pre.batch.Decided {
+		// The reader's batch reservation decided it, as Reserve would.
+		claim, err = pre.batch.Claim, pre.batch.Err
+	} else {
+		req := p.reserveRequest(ev, msg.ID)
+		req.Replay = IsReplay(msg.Values)
+		claim, err = p.cfg.ledger.Reserve(ctx, req)
 	}
-	req := p.reserveRequest(ev, msg.ID)
-	req.Replay = IsReplay(msg.Values)
-	claim, err := p.cfg.ledger.Reserve(ctx, req)
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
@@ -287,6 +311,12 @@ func (p *Processor) apply(ctx context.Context, h *hold, msg redis.XMessage, rec 
 		if v.Record.ChargeID != "" {
 			trace.SpanFromContext(ctx).SetAttributes(attrChargeID.String(v.Record.ChargeID))
 		}
+		if h.settled != nil && v.Stream == ackEntry && v.Alert == nil && v.Record.Status == ledger.StatusCharged {
+			// The consumer's hot path: recorded, witnessed and acked with
+			// the other charges of its group (commit.go), in this order.
+			p.settler.submit(settleReq{ctx: ctx, h: h, rec: rec, chargeID: v.Record.ChargeID, done: h.settled})
+			return outcomeSettling, nil
+		}
 		// A charge may have been made: record it even if the lease is
 		// being lost (finishOnly detaches).
 		if res, err := p.finishOnly(ctx, rec, v.Record); err != nil || res == OutcomeLeaseLost {
@@ -434,12 +464,7 @@ func claimPastWindow(rec ledger.Record, now time.Time, window time.Duration) boo
 func (p *Processor) finishOnly(ctx context.Context, rec ledger.Record, o ledger.Outcome) (Outcome, error) {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	var err error
-	if o.Status == ledger.StatusCharged && p.commits != nil {
-		err = p.commits.finish(ctx, rec, o.ChargeID)
-	} else {
-		_, err = p.cfg.ledger.Finish(ctx, rec, o)
-	}
+	_, err := p.cfg.ledger.Finish(ctx, rec, o)
 	if errors.Is(err, ledger.ErrLeaseLost) {
 		// Someone took over (our lease expired). Whatever they record wins;
 		// with the same idempotency key they got the same charge.

@@ -74,9 +74,11 @@ type meterInput struct {
 	Event      event.MeterEvent
 	Identifier string
 	Invalid    *event.RejectError
-	Row        meterledger.Record
-	HasRow     bool
-	Now        time.Time
+	// Replay: the entry is an operator's replay of a dead letter.
+	Replay bool
+	Row    meterledger.Record
+	HasRow bool
+	Now    time.Time
 }
 
 // decideMeterEntry is the reaper's decision table for a meter-event entry,
@@ -93,6 +95,10 @@ func decideMeterEntry(in meterInput) verdict {
 	rec := in.Row
 	v := verdict{Key: meterledger.KeyOf(in.Event, in.Identifier).String()}
 	switch {
+	case in.HasRow && in.Replay && (rec.Status == meterledger.StatusFailed || rec.Status == meterledger.StatusParked):
+		// An operator's replay of a refused or parked event: its
+		// reservation reopens the row and sends it.
+		v.Kind, v.Reason = KindClaim, "replay of a "+string(rec.Status)+" meter event"
 	case in.HasRow && rec.Status != meterledger.StatusSending:
 		if rec.EventName != in.Event.EventName || rec.StripeCustomerID != in.Event.StripeCustomerID || rec.Value != in.Event.Value {
 			// Another event under this identifier: never send it, never drop
@@ -182,7 +188,7 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 		if !ok {
 			e.gone, in.Gone = true, true
 		} else {
-			e.msg = msg
+			e.msg, in.Replay = msg, consumer.IsReplay(msg.Values)
 			ev, err := event.ParseMeterFields(msg.Values, r.cfg.MeterRules, now)
 			var rej *event.RejectError
 			switch {

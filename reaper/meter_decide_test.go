@@ -40,6 +40,12 @@ func TestDecideMeterEntry(t *testing.T) {
 		{"lapsed lease", with(func(in *meterInput) {
 			in.Row, in.HasRow = row(meterledger.StatusSending, "dead", now.Add(-time.Second)), true
 		}), KindClaim},
+		{"replay of a refused event", with(func(in *meterInput) {
+			in.Row, in.HasRow, in.Replay = row(meterledger.StatusFailed, "", time.Time{}), true, true
+		}), KindClaim},
+		{"replay of a delivered event", with(func(in *meterInput) {
+			in.Row, in.HasRow, in.Replay = row(meterledger.StatusDelivered, "", time.Time{}), true, true
+		}), KindAlreadyBilled},
 		// No row: the consumer died before reserving. Many deliveries are no
 		// reason to stop (a live consumer re-reads busy entries).
 		{"no row, many deliveries", base, KindClaim},

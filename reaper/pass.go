@@ -85,6 +85,7 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		attrs = append(attrs, slog.Any("error", err))
 	}
 	r.cfg.Logger.InfoContext(ctx, "reaper pass", attrs...)
+	r.logPass(ctx, sum, err)
 	return sum, err
 }
 

@@ -149,7 +149,7 @@ func TestBrowserPhoneWidth(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"/", "/findings?state=open", fmt.Sprintf("/findings/%d", fid),
-		fmt.Sprintf("/findings/%d/confirm?action=refund", fid), "/customer?customer=c1", "/dead", "/actions", "/ledger"} {
+		fmt.Sprintf("/findings/%d/confirm?action=refund", fid), "/customer?customer=c1", "/dead", "/actions", "/ledger", "/pel"} {
 		if err := chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+path), chromedp.WaitVisible(chromedp.CSS("h1"))); err != nil {
 			t.Fatal(err)
 		}

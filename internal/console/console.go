@@ -31,6 +31,7 @@ import (
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -48,6 +49,8 @@ const (
 	// DefaultDashboardURL is Stripe's dashboard; charge links are
 	// <DashboardURL>/payments/<charge id> (…/test/payments/… for test keys).
 	DefaultDashboardURL = "https://dashboard.stripe.com"
+	// DefaultRefresh is how often the live pages reload themselves.
+	DefaultRefresh = 15 * time.Second
 )
 
 // KindConsoleAction is the Slack alert of every console action.
@@ -108,6 +111,17 @@ type Config struct {
 	LoginWindow             time.Duration
 	MaxLoginFailuresPerUser int
 	MaxLoginFailuresPerAddr int
+	// Reaper is the reaper's policy the PEL page judges entries by.
+	Reaper ReaperPolicy
+	// Refresh is how often the overview and the PEL page reload themselves
+	// (a meta refresh: no script). Zero means DefaultRefresh; negative
+	// turns it off. ?refresh=0 turns it off for one page.
+	Refresh time.Duration
+	// PrometheusURL, when set, is where the overview reads the fleet's
+	// Stripe limiter figures (rate by role, waits, 429s): they live in each
+	// process's metrics, which Prometheus gathers.
+	PrometheusURL string
+
 	// SecureCookies marks the session cookie Secure (TLS, or TLS at the
 	// proxy). The server sets it itself for TLS requests.
 	SecureCookies bool
@@ -153,6 +167,7 @@ func (c Config) withDefaults() Config {
 	c.LoginWindow = cmp.Or(c.LoginWindow, DefaultLoginWindow)
 	c.MaxLoginFailuresPerUser = cmp.Or(c.MaxLoginFailuresPerUser, DefaultMaxLoginFailuresPerUser)
 	c.MaxLoginFailuresPerAddr = cmp.Or(c.MaxLoginFailuresPerAddr, DefaultMaxLoginFailuresPerAddr)
+	c.Refresh = cmp.Or(c.Refresh, DefaultRefresh)
 	c.MaxRefundCents = cmp.Or(c.MaxRefundCents, audit.DefaultMaxCents)
 	c.DashboardURL = strings.TrimRight(cmp.Or(c.DashboardURL, DefaultDashboardURL), "/")
 	if c.TestMode {
@@ -181,6 +196,13 @@ type Server struct {
 	mux      *http.ServeMux
 	log      *slog.Logger
 	replayMu chan struct{} // one replay at a time in this process
+	// explainer is a dry-run reaper: the PEL page's verdicts.
+	explainer *reaper.Reaper
+	// hours caches the charts' counts of the hours that are over.
+	hours hourCache
+	// liveOff leaves the live pipeline and the charts off the overview:
+	// the benchmark's baseline, the overview as it was before them.
+	liveOff bool
 }
 
 // New validates cfg and builds the Server.
@@ -197,6 +219,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, db: db, store: audit.NewStore(cfg.DB, cfg.Schema), auth: auth,
 		log: cfg.Logger, replayMu: make(chan struct{}, 1)}
 	if s.pages, err = parsePages(); err != nil {
+		return nil, err
+	}
+	if s.explainer, err = newExplainer(cfg); err != nil {
 		return nil, err
 	}
 	s.routes()
@@ -224,6 +249,7 @@ func (s *Server) routes() {
 	m.Handle("GET /actions", s.authed(s.actions))
 	m.Handle("GET /ledger", s.authed(s.ledgerPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))
+	m.Handle("GET /pel", s.authed(s.pelPage))
 	s.mux = m
 }
 

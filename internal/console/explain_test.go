@@ -10,7 +10,7 @@ import (
 
 // bigTables are the tables a page must never read whole.
 var bigTables = map[string]bool{"billing_records": true, "audit_findings": true, "refund_ledger": true,
-	"console_actions": true, "audit_runs": true}
+	"console_actions": true, "audit_runs": true, "webhook_events": true}
 
 // Every query a page runs, EXPLAINed on a seeded ledger with sequential
 // scans priced out (enable_seqscan off): a Seq Scan left in a plan means no
@@ -45,6 +45,13 @@ func TestPageQueriesUseIndexes(t *testing.T) {
 		{"customer periods page 2", qCustomerPeriods, []any{"b17", "2025-06", 51}},
 		{"actions", qActions, []any{int64(0), "", 51}},
 		{"actions of a finding", qActions, []any{int64(0), "finding:42", 51}},
+		{"chart: charged per hour", qChargedByHour, []any{now.Add(-24 * time.Hour), now}},
+		{"chart: failures per hour", qFailedByHour, []any{now.Add(-24 * time.Hour), now, []string{"2025-12", "2025-11"}}},
+		{"chart: findings opened per hour", qOpenedByHour, []any{now.Add(-24 * time.Hour), now}},
+		{"chart: findings closed per hour", qClosedByHour, []any{now.Add(-24 * time.Hour), now}},
+		{"live: audit runs", qAuditRuns, []any{5}},
+		{"live: last webhook", qLastWebhook, nil},
+		{"live: webhooks in the last hour", qWebhooksSince, []any{now.Add(-time.Hour)}},
 		{"rolling cap", `SELECT count(*), coalesce(sum(amount_cents), 0)::bigint FROM {schema}.refund_ledger WHERE refunded_at > $1`, []any{now.Add(-24 * time.Hour)}},
 	}
 	ctx := context.Background()

@@ -15,10 +15,11 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -26,13 +27,16 @@ func parsePages() (map[string]*template.Template, error) {
 		"ago":   func(t time.Time) string { return ago(time.Since(t)) },
 		"dur":   ago,
 		"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-		"q":     url.QueryEscape,
-		"id64":  func(n int64) string { return strconv.FormatInt(n, 10) },
-		"span":  span,
+		// q escapes a query value once: html/template escapes a plain
+		// string in a URL's query again (a stream "billing:events" became
+		// billing%253Aevents); QueryEscape's output is safe as a URL part.
+		"q":    func(v string) template.URL { return template.URL(url.QueryEscape(v)) },
+		"id64": func(n int64) string { return strconv.FormatInt(n, 10) },
+		"span": span,
 	}
 	out := map[string]*template.Template{}
 	for _, p := range pageNames {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+p+".html", "templates/part_*.html")
 		if err != nil {
 			return nil, fmt.Errorf("parsing page %s: %w", p, err)
 		}
@@ -108,6 +112,20 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		period = ps[0]
 	}
 	data := map[string]any{"Periods": ps, "Period": period}
+	// The live pipeline reads Redis and its own tables beside the queries below.
+	type liveResult struct {
+		d   liveData
+		err error
+	}
+	liveCh := make(chan liveResult, 1)
+	if s.liveOff {
+		liveCh <- liveResult{}
+	} else {
+		go func() {
+			d, err := s.live(ctx, ps)
+			liveCh <- liveResult{d, err}
+		}()
+	}
 	if data["LastRollback"], data["RollbackMissing"], err = s.lastRollback(ctx); err != nil {
 		s.fail(w, r, err)
 		return
@@ -138,6 +156,15 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"] = s.streamStats(ctx)
+	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
+	lr := <-liveCh
+	if lr.err != nil {
+		s.fail(w, r, lr.err)
+		return
+	}
+	if !s.liveOff {
+		data["Live"] = lr.d
+	}
 	reasons, truncated, err := s.deadByReason(ctx)
 	if err != nil {
 		s.fail(w, r, err)

@@ -23,7 +23,8 @@ type streamStat struct {
 	Pending       int64
 	OldestID      string
 	OldestIdle    time.Duration
-	Consumers     int
+	Consumers     int // members of the group
+	Holding       int // members holding pending entries
 	Dead          int64
 	Error         string
 }
@@ -41,7 +42,15 @@ func (s *Server) streamStats(ctx context.Context) []streamStat {
 		case err != nil:
 			ss.Error = redact.String(err.Error())
 		default:
-			ss.Pending, ss.OldestID, ss.Consumers = sum.Count, sum.Lower, len(sum.Consumers)
+			ss.Pending, ss.OldestID, ss.Holding = sum.Count, sum.Lower, len(sum.Consumers)
+			// Every member of the group, not only those holding entries (XPENDING's count).
+			if gs, err := s.cfg.Redis.XInfoGroups(ctx, st.Name).Result(); err == nil {
+				for _, g := range gs {
+					if g.Name == st.Group {
+						ss.Consumers = int(g.Consumers)
+					}
+				}
+			}
 			if sum.Count > 0 {
 				ext, err := s.cfg.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: st.Name, Group: st.Group,
 					Start: "-", End: "+", Count: 1}).Result()

@@ -8,7 +8,8 @@ import (
 
 // seedBig fills the ledger with rows rows (rows/12 customers, each charged
 // in the 12 periods of 2025, mostly charged; a period's rows are written
-// together, as consumers write them during their month) and audit_findings with findings findings of
+// together, as consumers write them during their month; the last period's
+// over the day before now) and audit_findings with findings findings of
 // every kind and state, with generate_series (1,000,000 rows in one
 // statement rather than a million round trips), then VACUUM ANALYZEs both
 // so the planner sees their real size.
@@ -18,11 +19,14 @@ func (b *bundle) seedBig(t testing.TB, rows, findings int) {
 	defer cancel()
 	for i, q := range []string{
 		`INSERT INTO {schema}.billing_records (customer_id, billing_period, stripe_customer_id, amount_cents, currency,
-			idempotency_key, status, charge_id, first_attempt_at, charged_at, stream_message_id)
+			idempotency_key, status, charge_id, first_attempt_at, charged_at, stream_message_id, updated_at)
 		SELECT 'b' || (g % ($1 / 12 + 1)), '2025-' || lpad((1 + g / ($1 / 12 + 1))::text, 2, '0'), 'cus_b' || (g % ($1 / 12 + 1)), 1000 + g % 5000, 'usd',
 			md5(g::text), s.status, CASE WHEN s.status = 'charged' THEN 'ch_b' || g END, $2::timestamptz,
-			CASE WHEN s.status = 'charged' THEN $2::timestamptz END, (1700000000000 + g) || '-0'
+			CASE WHEN s.status = 'charged' THEN t.at END, (1700000000000 + g) || '-0', t.at
 		FROM generate_series(0, $1 - 1) g,
+			-- The last period (2025-12) is the one billing now: written over the last day.
+			LATERAL (SELECT CASE WHEN g / ($1 / 12 + 1) = 11 THEN $2::timestamptz + interval '48 hours' - (g % 86400) * interval '1 second'
+				ELSE $2::timestamptz END AS at) t,
 			LATERAL (SELECT CASE WHEN g % 50 = 0 THEN 'declined' WHEN g % 97 = 0 THEN 'pending' WHEN g % 89 = 0 THEN 'failed'
 				ELSE 'charged' END AS status) s`,
 		`INSERT INTO {schema}.audit_findings (kind, subject, state, customer_id, billing_period, stripe_customer_id,

@@ -143,21 +143,11 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 	if err != nil {
 		return Claim{}, fmt.Errorf("locking billing record %s: %w", k, err)
 	}
-	switch {
-	case rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents ||
-		rec.Currency != ev.Currency || rec.IdempotencyKey != req.IdempotencyKey:
-		// Checked before the terminal state: acking a different event as
-		// "already billed" would silently drop it.
-		return Claim{Decision: Conflict, Record: rec}, nil
-	case req.Replay && rec.Status.Reopenable():
+	switch d := decideExisting(rec, req, now); d {
+	case Reopened:
 		return l.reopenTx(ctx, tx, rec, req.Owner, req.Lease, req.MessageID, req.RequireCap, now)
-	case rec.Status.Terminal():
-		return Claim{Decision: AlreadyTerminal, Record: rec}, nil
-	case rec.LeaseLive(now):
-		// Even when the owner has our name: a pinned name may be running
-		// twice by mistake, or this very process may hold the row for an
-		// earlier copy of the event. Only expiry (or a release) frees it.
-		return Claim{Decision: Busy, Record: rec}, nil
+	case Conflict, AlreadyTerminal, Busy:
+		return Claim{Decision: d, Record: rec}, nil
 	}
 	// Expired or released: take it over. The new epoch fences out whoever
 	// held it before.
@@ -171,6 +161,30 @@ func (l *Ledger) reserveTx(ctx context.Context, tx pgx.Tx, req ReserveRequest, n
 		return Claim{}, fmt.Errorf("taking over billing record %s: %w", k, err)
 	}
 	return Claim{Decision: TakenOver, Record: rec}, nil
+}
+
+// decideExisting is what a delivery of req does with the row rec that
+// already exists (read under its lock): Conflict, Reopened, AlreadyTerminal,
+// Busy, or TakenOver. Reserve and ReserveBatch decide with it alike.
+func decideExisting(rec Record, req ReserveRequest, now time.Time) Decision {
+	ev := req.Event
+	switch {
+	case rec.StripeCustomerID != ev.StripeCustomerID || rec.AmountCents != ev.AmountCents ||
+		rec.Currency != ev.Currency || rec.IdempotencyKey != req.IdempotencyKey:
+		// Checked before the terminal state: acking a different event as
+		// "already billed" would silently drop it.
+		return Conflict
+	case req.Replay && rec.Status.Reopenable():
+		return Reopened
+	case rec.Status.Terminal():
+		return AlreadyTerminal
+	case rec.LeaseLive(now):
+		// Even when the owner has our name: a pinned name may be running
+		// twice by mistake, or this very process may hold the row for an
+		// earlier copy of the event. Only expiry (or a release) frees it.
+		return Busy
+	}
+	return TakenOver
 }
 
 // reserveCap adds amount to the period's reservation if the cap allows it.

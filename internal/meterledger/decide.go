@@ -54,11 +54,17 @@ const (
 	// or value (an event id re-used for another event): not the event
 	// that was sent; dead-letter it for a human.
 	Conflict
+	// Reopened: an operator's replay (Request.Replay) of an event recorded
+	// failed (Stripe refused it) or parked (outcome unknown past the safe
+	// window): the row is sent again, with the replay's fields, under a new
+	// epoch and the slot, its safe window starting now. For a parked event
+	// the replay is the person's word that Stripe does not have it.
+	Reopened
 )
 
 var decisionNames = map[Decision]string{Acquired: "acquired", TakenOver: "taken_over", AlreadyDelivered: "already_delivered",
 	AlreadyTerminal: "already_terminal", Busy: "busy", SlotBusy: "slot_busy", Parked: "parked", Held: "held",
-	OutsideWindow: "outside_window", Conflict: "conflict"}
+	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened"}
 
 func (d Decision) String() string {
 	if s, ok := decisionNames[d]; ok {
@@ -68,7 +74,7 @@ func (d Decision) String() string {
 }
 
 // MaySend reports whether the caller now holds the lease and the slot.
-func (d Decision) MaySend() bool { return d == Acquired || d == TakenOver }
+func (d Decision) MaySend() bool { return d == Acquired || d == TakenOver || d == Reopened }
 
 // Request asks to send one event.
 type Request struct {
@@ -80,6 +86,9 @@ type Request struct {
 	// Suspect: the ledger may have lost rows (consumer.LedgerWitness.Suspect()):
 	// a new event older than the safe window is Held, not sent.
 	Suspect bool
+	// Replay: the entry is an operator's replay of a dead letter: a failed
+	// or parked row is Reopened rather than acked.
+	Replay bool
 }
 
 // Claim is Reserve's answer for one request.
@@ -135,6 +144,8 @@ func decideRow(now time.Time, safe time.Duration, req Request, key Key, row *Rec
 		return Acquired, ""
 	}
 	switch {
+	case req.Replay && (row.Status == StatusFailed || row.Status == StatusParked) && stripeTakes:
+		return Reopened, ""
 	case row.EventName != ev.EventName || row.StripeCustomerID != ev.StripeCustomerID || row.Value != ev.Value:
 		// Before the terminal states: acking another event as "already
 		// delivered" would drop it silently.
@@ -165,6 +176,7 @@ const (
 	opTakeOver    // the row's next epoch, with the slot
 	opPark        // the row parked; its stale slot freed
 	opFree        // only the event's stale slot freed
+	opReopen      // a failed or parked row sending again (a replay), with the slot
 )
 
 // item is one request on its way through Reserve.
@@ -210,7 +222,7 @@ func plan(now time.Time, items []*item, token func() int64) {
 		switch d := it.claim.Decision; {
 		case d.MaySend():
 			s := it.slot
-			free := s.Token == 0 || !s.ExpiresAt.After(now) || (d == TakenOver && s.Identifier == it.key.Identifier)
+			free := s.Token == 0 || !s.ExpiresAt.After(now) || (d != Acquired && s.Identifier == it.key.Identifier)
 			if taken[sk] || !free {
 				holder := s.Identifier
 				if taken[sk] {
@@ -222,8 +234,11 @@ func plan(now time.Time, items []*item, token func() int64) {
 			}
 			taken[sk] = true
 			it.op, it.newTok = opInsert, token()
-			if d == TakenOver {
+			switch d {
+			case TakenOver:
 				it.op = opTakeOver
+			case Reopened:
+				it.op = opReopen
 			}
 		case d == Parked:
 			it.op = opPark
@@ -245,7 +260,7 @@ func plan(now time.Time, items []*item, token func() int64) {
 
 func rank(d Decision) int {
 	switch d {
-	case TakenOver:
+	case TakenOver, Reopened:
 		return 0
 	case Acquired:
 		return 1

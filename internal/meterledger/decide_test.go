@@ -35,6 +35,10 @@ func TestDecideRow(t *testing.T) {
 	suspect.Suspect = true
 	other := r
 	other.Event.Value = 4
+	replay := r
+	replay.Replay = true
+	fixed := other
+	fixed.Replay = true
 	cases := []struct {
 		name   string
 		now    time.Time
@@ -55,6 +59,11 @@ func TestDecideRow(t *testing.T) {
 		{"parked", t0.Add(time.Minute), r, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }), AlreadyTerminal, "why"},
 		{"failed", t0.Add(time.Minute), r, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "no meter" }), AlreadyTerminal, "no meter"},
 		{"another value, same identifier", t0.Add(time.Minute), other, row(func(r *Record) { r.Status = StatusDelivered }), Conflict, "value 3"},
+		{"replay of a failed event", t0.Add(time.Minute), replay, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "no meter" }), Reopened, ""},
+		{"replay of a parked event", t0.Add(30 * time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }), Reopened, ""},
+		{"replay, fixed value, of a failed event", t0.Add(time.Minute), fixed, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "bad" }), Reopened, ""},
+		{"replay of a delivered event", t0.Add(time.Minute), replay, row(func(r *Record) { r.Status = StatusDelivered }), AlreadyDelivered, ""},
+		{"replay of a failed event past 35 days", t0.Add(36 * 24 * time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "x" }), AlreadyTerminal, "x"},
 		{"live lease", t0.Add(time.Minute), r, row(live), Busy, "leased by B"},
 		{"live lease, our own name", t0.Add(time.Minute), r, row(func(r *Record) { live(r); r.LeaseOwner = "A" }), Busy, "leased by A"},
 		{"lease expired", t0.Add(time.Minute), r, row(dead), TakenOver, ""},

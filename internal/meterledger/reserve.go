@@ -171,7 +171,7 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 		}
 		ev := it.req.Event
 		c := it.freeTok // park, free: the stale grant to delete
-		if it.op == opInsert || it.op == opTakeOver {
+		if it.op == opInsert || it.op == opTakeOver || it.op == opReopen {
 			c = it.slot.Token // the grant to replace; 0: none seen, insert one
 		}
 		idx, ops = append(idx, int32(it.i)), append(ops, int32(it.op))
@@ -201,9 +201,11 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 			it.claim = Claim{Decision: Acquired, Record: rec, slotToken: it.newTok}
 		case found && it.op == opTakeOver:
 			it.claim = Claim{Decision: TakenOver, Record: rec, slotToken: it.newTok}
+		case found && it.op == opReopen:
+			it.claim = Claim{Decision: Reopened, Record: rec, slotToken: it.newTok}
 		case found && it.op == opPark:
 			it.claim = Claim{Decision: Parked, Record: rec, Reason: it.claim.Reason}
-		case it.op == opInsert || it.op == opTakeOver:
+		case it.op == opInsert || it.op == opTakeOver || it.op == opReopen:
 			if got { // the row moved on after the read: give the grant back
 				leaked = append(leaked, it)
 				it.claim = Claim{Decision: Busy, Record: it.claim.Record, Reason: "the event's row changed while this batch was decided"}
@@ -260,12 +262,12 @@ WITH a AS (
 	WHERE a.cas <> 0 ORDER BY 1, 2 FOR UPDATE OF s
 ), slot_ins AS (
 	INSERT INTO {schema}.meter_inflight (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
-	SELECT a.sc, a.name, a.id, a.ts, a.owner, a.exp, a.tok FROM a WHERE a.op IN (1, 2) AND a.cas = 0 ORDER BY a.sc, a.name
+	SELECT a.sc, a.name, a.id, a.ts, a.owner, a.exp, a.tok FROM a WHERE a.op IN (1, 2, 5) AND a.cas = 0 ORDER BY a.sc, a.name
 	ON CONFLICT DO NOTHING RETURNING token
 ), slot_cas AS (
 	UPDATE {schema}.meter_inflight s SET identifier = a.id, event_ts = a.ts, owner = a.owner, expires_at = a.exp, token = a.tok
 	FROM a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
-	WHERE a.op IN (1, 2) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
+	WHERE a.op IN (1, 2, 5) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
 	RETURNING s.token
 ), slot_free AS (
 	DELETE FROM {schema}.meter_inflight s USING a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
@@ -286,6 +288,15 @@ WITH a AS (
 	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
 		AND m.status = 'sending' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
 	RETURNING m.*
+), reopen AS (
+	UPDATE {schema}.meter_events m SET status = 'sending', event_name = a.name, stripe_customer_id = a.sc,
+		customer_id = coalesce(nullif(a.cust, ''), m.customer_id), value = a.val, first_sent_at = $16,
+		attempts = m.attempts + 1, epoch = ` + nextEpoch + `, lease_owner = a.owner, lease_expires_at = a.exp,
+		delivered_at = NULL, last_error = NULL, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id)
+	FROM a JOIN got ON got.token = a.tok
+	WHERE a.op = 5 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
+		AND m.status IN ('failed', 'parked')
+	RETURNING m.*
 ), park AS (
 	UPDATE {schema}.meter_events m SET status = 'parked', lease_owner = NULL, lease_expires_at = NULL, last_error = a.reason
 	FROM a
@@ -302,5 +313,5 @@ WITH a AS (
 SELECT ` + cols("w") + `, a.i, got.token IS NOT NULL, (SELECT seq FROM bump)
 FROM a
 LEFT JOIN got ON got.token = a.tok
-LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM park) w
+LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM reopen UNION ALL SELECT * FROM park) w
 	ON w.event_ts = a.ts AND w.identifier = a.id`

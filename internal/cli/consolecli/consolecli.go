@@ -94,6 +94,7 @@ type ServeOptions struct {
 	Log                           cli.Logging
 	Stripe                        cli.Stripe
 	Slack                         cli.Slack
+	Live                          LiveOptions
 
 	proxies []netip.Prefix
 	streams []cli.StreamGroup
@@ -131,11 +132,15 @@ func (o *ServeOptions) register(fs *flag.FlagSet) {
 	o.Log.Register(fs)
 	o.Stripe.Register(fs)
 	o.Slack.Register(fs)
+	o.Live.register(fs)
 }
 
 // Validate checks the flags before anything is built.
 func (o *ServeOptions) Validate() error {
 	if err := o.Log.Validate(); err != nil {
+		return err
+	}
+	if err := o.Live.validate(); err != nil {
 		return err
 	}
 	if err := cli.ValidateWait(o.WaitForDeps); err != nil {
@@ -217,6 +222,7 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	cli.RouteLibraryLogs(logger)
 	cfg := console.Config{Schema: o.Schema, ProxyUserHeader: o.ProxyUserHeader, TrustedProxies: o.proxies,
 		AllowActions: o.AllowActions, MaxRefundCents: o.MaxRefundCents, Logger: logger, SecureCookies: o.TLSCert != ""}
+	o.Live.apply(&cfg)
 	if o.UsersFile != "" {
 		f, err := os.Open(o.UsersFile)
 		if err != nil {
