@@ -18,9 +18,10 @@ func (d *drill) runCell(ctx context.Context, scenario, mode string, n, total int
 	res = Result{Scenario: scenario, Mode: mode, Events: d.cfg.Events}
 	c, cleanup, err := d.newCell(ctx, scenario, mode, n)
 	defer cleanup() // deferred first: runs after the failure is counted below
+	d.prep.start()  // this cell's migration is done: the background may make the usage schema
 	if err != nil {
 		res.Error = redact.String(err.Error())
-		d.progress.fail(nil, n, total, res)
+		d.progress.fail(nil, n, total, scenario, mode, 0, res.Error)
 		return res, err
 	}
 	d.progress.start(c, n, total)
@@ -32,7 +33,7 @@ func (d *drill) runCell(ctx context.Context, scenario, mode string, n, total int
 		res.DuplicateCharges, res.DuplicateCents = c.duplicates()
 		res.Error = redact.String(err.Error())
 		res.Elapsed = time.Since(c.started)
-		d.progress.fail(c, n, total, res)
+		d.progress.fail(c, n, total, scenario, mode, res.Elapsed, res.Error)
 	}()
 	run := map[string]func(context.Context, *cell) error{
 		ScenarioInflightReclaim: inflightReclaim,

@@ -13,7 +13,21 @@
 //     drill's own with appendfsync everysec brought back to an earlier state;
 //   - expired-key: a redelivery after Stripe's 24 h idempotency window.
 //
-// Every run gets its own stream names and Postgres schemas, removed at the
+// Usage scenarios (usage.go, usagescenarios.go) do the same for usage sent
+// to Stripe Billing Meters, in three modes run at once: naive (the seed's
+// loop sending meter events without an identifier, and the monitor),
+// naive-identifier (the event id as identifier, a duplicate refusal taken
+// as delivered, no ledger) and pelguard (the meter consumer and its ledger,
+// and the reaper on the meter stream), counting each customer's total from
+// the emulator's meter summaries against what its events add up to:
+//   - usage-inflight-reclaim, usage-partial-batch, usage-aof-rollback: the
+//     three failure modes, for meter events;
+//   - usage-25h-gap: replies lost and acks lost, then 25 h pass (the
+//     emulator's clock and the ledger's) before the entries are delivered
+//     again, past Stripe's identifier window.
+//
+// Every run gets its own stream names and Postgres schemas (one per charge
+// cell, one shared by the usage scenarios' pelguard cells), removed at the
 // end, even when the run fails or is interrupted.
 package chaos
 
@@ -29,10 +43,14 @@ import (
 	"time"
 )
 
-// Modes.
+// Modes. Charge scenarios run naive and pelguard; usage scenarios run all
+// three.
 const (
-	ModeNaive    = "naive"
-	ModePelguard = "pelguard"
+	ModeNaive = "naive"
+	// ModeNaiveIdentifier is the naive meter sender with a deterministic
+	// identifier and no ledger (usage scenarios only).
+	ModeNaiveIdentifier = "naive-identifier"
+	ModePelguard        = "pelguard"
 )
 
 // Scenario names, in the order the drill runs them.
@@ -41,14 +59,44 @@ const (
 	ScenarioPartialBatch    = "partial-batch"
 	ScenarioAOFRollback     = "aof-rollback"
 	ScenarioExpiredKey      = "expired-key"
+
+	ScenarioUsageInflightReclaim = "usage-inflight-reclaim"
+	ScenarioUsagePartialBatch    = "usage-partial-batch"
+	ScenarioUsageAOFRollback     = "usage-aof-rollback"
+	ScenarioUsage25hGap          = "usage-25h-gap"
 )
 
-// Scenarios lists every scenario with the failure mode it reproduces.
-var Scenarios = []struct{ Name, FailureMode string }{
-	{ScenarioInflightReclaim, "reclaim while in flight: a Stripe call slower than the monitor's min-idle"},
-	{ScenarioPartialBatch, "partial batch: COUNT 10 with a timeout part-way, and a SIGKILL between Stripe reply and XACK"},
-	{ScenarioAOFRollback, "AOF rollback: appendfsync everysec loses the last writes, acked entries return as pending"},
-	{ScenarioExpiredKey, "expired key: a redelivery after Stripe's 24 h idempotency window"},
+// Scenario is a scenario with the failure mode it reproduces. Usage
+// scenarios send meter events instead of charges.
+type Scenario struct {
+	Name, FailureMode string
+	Usage             bool
+}
+
+// Scenarios lists every scenario, in run order: the charges, then usage.
+var Scenarios = []Scenario{
+	{ScenarioInflightReclaim, "reclaim while in flight: a Stripe call slower than the monitor's min-idle", false},
+	{ScenarioPartialBatch, "partial batch: COUNT 10 with a timeout part-way, and a SIGKILL between Stripe reply and XACK", false},
+	{ScenarioAOFRollback, "AOF rollback: appendfsync everysec loses the last writes, acked entries return as pending", false},
+	{ScenarioExpiredKey, "expired key: a redelivery after Stripe's 24 h idempotency window", false},
+	{ScenarioUsageInflightReclaim, "meter events, reclaim while in flight: a meter-event call slower than min-idle", true},
+	{ScenarioUsagePartialBatch, "meter events, partial batch: COUNT 10, the 7th reply lost, the batch read again", true},
+	{ScenarioUsageAOFRollback, "meter events, AOF rollback: acked entries return as pending", true},
+	{ScenarioUsage25hGap, "meter events, 25 h gap: replies and acks lost, redelivered past Stripe's 24 h identifier window", true},
+}
+
+// isUsage reports whether name is a usage scenario.
+func isUsage(name string) bool {
+	i := slices.IndexFunc(Scenarios, func(x Scenario) bool { return x.Name == name })
+	return i >= 0 && Scenarios[i].Usage
+}
+
+// modesOf lists the modes a scenario runs in, in run order.
+func modesOf(name string) []string {
+	if isUsage(name) {
+		return []string{ModeNaive, ModeNaiveIdentifier, ModePelguard}
+	}
+	return []string{ModeNaive, ModePelguard}
 }
 
 // Defaults.
@@ -144,7 +192,7 @@ func (c *Config) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Scenarios {
-		if !slices.ContainsFunc(Scenarios, func(x struct{ Name, FailureMode string }) bool { return x.Name == s }) {
+		if !slices.ContainsFunc(Scenarios, func(x Scenario) bool { return x.Name == s }) {
 			return fmt.Errorf("chaos: unknown scenario %q (want one of %s)", s, strings.Join(ScenarioNames(), ", "))
 		}
 		if seen[s] {
@@ -211,6 +259,8 @@ type Report struct {
 	Seed    int64
 	Events  int
 	Results []Result
+	// Usage holds the usage scenarios' cells, the second table.
+	Usage   []UsageResult
 	Skipped []Skip
 	Elapsed time.Duration
 }
@@ -218,7 +268,8 @@ type Report struct {
 // Failures checks the drill's verdicts and returns every one that does not
 // hold, each saying why. An empty slice means the drill passed: naive shows
 // duplicates, pelguard none, the auditor flags every duplicate and the
-// refunds leave none.
+// refunds leave none; and for usage, the naive senders over-count where the
+// failure mode makes them, pelguard counts every customer exactly.
 func (r Report) Failures() []string {
 	var out []string
 	for _, x := range r.Results {
@@ -255,7 +306,8 @@ func (r Report) Failures() []string {
 			out = append(out, fmt.Sprintf("%s: the auditor reported %d finding(s) other than duplicates", name, x.OtherFindings))
 		}
 	}
-	if len(r.Results) == 0 {
+	out = append(out, r.usageFailures()...)
+	if len(r.Results) == 0 && len(r.Usage) == 0 {
 		out = append(out, "no scenario ran")
 	}
 	return out
@@ -272,10 +324,11 @@ func Dollars(cents int64) string {
 
 // Incomplete reports whether a cell did not finish.
 func (r Report) Incomplete() bool {
-	return slices.ContainsFunc(r.Results, Result.Failed)
+	return slices.ContainsFunc(r.Results, Result.Failed) || slices.ContainsFunc(r.Usage, UsageResult.Failed)
 }
 
-// Run runs the configured scenarios, each in both modes, and audits them.
+// Run runs the configured scenarios, each in its modes (a usage scenario's
+// three at once), and audits the charge ones.
 // A cell that cannot be carried out (a scenario stuck past its deadline, a
 // service down) is in the report as a failed row and the others still run
 // (each cell has its own stream, schema and emulator); Run then also returns
@@ -294,23 +347,45 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return rep, err
 	}
 	defer d.close()
+	d.prep = d.prepareUsageSchema(ctx, cfg.Scenarios)
+	defer d.prep.wait() // before d.close drops the schemas
 	if cfg.onStart != nil {
 		cfg.onStart(d.runID)
 	}
 
-	total := len(cfg.Scenarios) * 2
+	total := 0
+	for _, sc := range cfg.Scenarios {
+		total += len(modesOf(sc))
+	}
 	n := 0
 	var errs []error
 	for _, sc := range cfg.Scenarios {
-		if sc == ScenarioAOFRollback {
+		if sc == ScenarioAOFRollback || sc == ScenarioUsageAOFRollback {
 			if why := redisServerMissing(); why != "" {
 				rep.Skipped = append(rep.Skipped, Skip{Scenario: sc, Reason: why})
 				d.progress.note(fmt.Sprintf("SKIPPED %s: %s", sc, why))
-				total -= 2
+				total -= len(modesOf(sc))
 				continue
 			}
 		}
-		for _, mode := range []string{ModeNaive, ModePelguard} {
+		if isUsage(sc) {
+			// A usage scenario's three modes run at once: each cell has
+			// its own stream and emulator (and Redis server), only the
+			// pelguard cell uses the database, and most of a cell's time
+			// is spent waiting for min-idle, a slow call or a lost reply,
+			// so the drill's time stays small.
+			res, cellErrs := d.runUsageCells(ctx, sc, n, total)
+			n += len(res)
+			if ctx.Err() != nil {
+				// Interrupted: no row, the run is not a report.
+				rep.Elapsed = time.Since(start)
+				return rep, fmt.Errorf("%s: %w", sc, errors.Join(append(cellErrs, ctx.Err())...))
+			}
+			rep.Usage = append(rep.Usage, res...)
+			errs = append(errs, cellErrs...)
+			continue
+		}
+		for _, mode := range modesOf(sc) {
 			n++
 			res, err := d.runCell(ctx, sc, mode, n, total)
 			if err != nil && ctx.Err() != nil {

@@ -45,6 +45,8 @@ type drill struct {
 	admin    *pgxpool.Pool
 	progress *progress
 	log      *slog.Logger
+	// prep makes the usage scenarios' pelguard schema ahead (usageprep.go).
+	prep *schemaPrep
 
 	mu      sync.Mutex
 	schemas []string
@@ -157,6 +159,9 @@ type cell struct {
 	rng      *rand.Rand
 	log      *slog.Logger
 	started  time.Time
+	// usage is set on a usage scenario's cell (usage.go): events holds
+	// no charge event then.
+	usage *usageCell
 }
 
 func (d *drill) newCell(ctx context.Context, scenario, mode string, n int) (*cell, func(), error) {
@@ -261,16 +266,20 @@ func (c *cell) customers(idx map[int]bool) map[string]bool {
 // errNotDone is a scenario that did not finish within its deadline.
 var errNotDone = errors.New("the scenario did not finish")
 
-// state is what a wait looks at: the group's PEL and lag, the charges at
-// the emulator and the terminal ledger rows.
+// state is what a wait looks at: the group's PEL and lag, the charges (or
+// meter events) at the emulator and the terminal ledger rows.
 type state struct {
 	pending  int64
 	lag      int64
 	charges  int
 	terminal int
+	usage    bool
 }
 
 func (s state) String() string {
+	if s.usage {
+		return fmt.Sprintf("%d meter events at Stripe, %d pending, %d undelivered, %d settled in the ledger", s.charges, s.pending, max(s.lag, 0), s.terminal)
+	}
 	return fmt.Sprintf("%d charges, %d pending, %d undelivered, %d billed in the ledger", s.charges, s.pending, max(s.lag, 0), s.terminal)
 }
 
@@ -278,7 +287,7 @@ func (s state) String() string {
 // acknowledged, and (pelguard) every event has a terminal ledger row.
 func (c *cell) waitDrained(ctx context.Context) error {
 	return c.waitUntil(ctx, func(s state) bool {
-		return s.pending == 0 && s.lag == 0 && (c.mode == ModeNaive || s.terminal == len(c.events))
+		return s.pending == 0 && s.lag == 0 && (c.mode != ModePelguard || s.terminal == c.eventCount())
 	})
 }
 
@@ -302,7 +311,15 @@ func (c *cell) phaseLimit() time.Duration {
 	if d := c.testDeadline(); d > 0 {
 		return d
 	}
-	return 5*time.Minute + time.Duration(len(c.events))*500*time.Millisecond
+	return 5*time.Minute + time.Duration(c.eventCount())*500*time.Millisecond
+}
+
+// eventCount is the number of events the cell published.
+func (c *cell) eventCount() int {
+	if c.usage != nil {
+		return len(c.usage.events)
+	}
+	return len(c.events)
 }
 
 func (c *cell) testDeadline() time.Duration {
@@ -358,7 +375,7 @@ func (c *cell) state(ctx context.Context) (state, error) {
 	if err != nil {
 		return state{}, fmt.Errorf("XINFO GROUPS %s: %w", c.stream, err)
 	}
-	s := state{lag: -1, charges: c.billable()}
+	s := state{lag: -1, usage: c.usage != nil}
 	last := ""
 	for _, g := range groups {
 		if g.Name == c.group {
@@ -377,6 +394,10 @@ func (c *cell) state(ctx context.Context) (state, error) {
 			s.lag = 1
 		}
 	}
+	if c.usage != nil {
+		return s, c.usageState(ctx, &s)
+	}
+	s.charges = c.billable()
 	counts, err := c.ledger.Counts(ctx)
 	if err != nil {
 		return state{}, fmt.Errorf("counting ledger rows: %w", err)

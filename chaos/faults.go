@@ -6,13 +6,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
 // faults is an http.RoundTripper in front of the emulator that makes
-// chosen customers' charge requests slow or loses their replies. Faults are
+// chosen customers' charge requests (or chosen meter events, keyed by
+// meterFaultKey) slow or loses their replies. Faults are
 // chosen per Stripe customer rather than through the emulator's global fault
 // switches, so a concurrent request of another consumer (the monitor's, the
 // reaper's) can never take a fault meant for this one: the same events meet
@@ -47,7 +49,7 @@ func (f *faults) RoundTrip(r *http.Request) (*http.Response, error) {
 	if next == nil {
 		next = http.DefaultTransport
 	}
-	cust, r, err := chargeCustomer(r)
+	cust, r, err := faultKey(r)
 	if err != nil || cust == "" {
 		if err != nil {
 			return nil, err
@@ -81,12 +83,14 @@ func (f *faults) RoundTrip(r *http.Request) (*http.Response, error) {
 	return nil, timeoutError{}
 }
 
-// chargeCustomer returns the Stripe customer of a charge-creating POST
-// (/v1/charges or /v1/payment_intents) and a request whose body can still
-// be read; "" for any other request.
-func chargeCustomer(r *http.Request) (string, *http.Request, error) {
+// faultKey returns the fault key of a charge-creating POST (/v1/charges or
+// /v1/payment_intents: its Stripe customer) or of a meter event (POST
+// /v1/billing/meter_events: meterFaultKey), and a request whose body can
+// still be read; "" for any other request.
+func faultKey(r *http.Request) (string, *http.Request, error) {
+	meter := strings.HasSuffix(r.URL.Path, "/v1/billing/meter_events")
 	if r.Method != http.MethodPost || r.Body == nil ||
-		(!strings.HasSuffix(r.URL.Path, "/v1/charges") && !strings.HasSuffix(r.URL.Path, "/v1/payment_intents")) {
+		(!meter && !strings.HasSuffix(r.URL.Path, "/v1/charges") && !strings.HasSuffix(r.URL.Path, "/v1/payment_intents")) {
 		return "", r, nil
 	}
 	body, err := io.ReadAll(r.Body)
@@ -101,7 +105,17 @@ func chargeCustomer(r *http.Request) (string, *http.Request, error) {
 	if err != nil {
 		return "", r2, nil
 	}
+	if meter {
+		return form.Get("payload[stripe_customer_id]") + "@" + form.Get("timestamp"), r2, nil
+	}
 	return form.Get("customer"), r2, nil
+}
+
+// meterFaultKey is a meter event's fault key: its customer and timestamp
+// (unix seconds, as sent), which the drill makes unique per event. Not the
+// identifier: the naive sender has none.
+func meterFaultKey(customer string, ts time.Time) string {
+	return customer + "@" + strconv.FormatInt(ts.Unix(), 10)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -9,24 +9,26 @@ import (
 	"time"
 )
 
-// WriteTable writes the drill's table: one row per scenario and mode (a
-// cell that did not finish is marked FAILED, with the counts it reached),
-// then any skipped scenario with its reason, and, when a cell failed, why
-// and that the verdicts do not hold: a pasted table must not pass for a
-// clean run.
+// WriteTable writes the drill's tables: the charges, one row per scenario
+// and mode (a cell that did not finish is marked FAILED, with the counts it
+// reached), then, when usage scenarios ran, the usage table; then any
+// skipped scenario with its reason, and, when a cell failed, why and that
+// the verdicts do not hold: a pasted table must not pass for a clean run.
 func (r Report) WriteTable(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tmode\tevents\tcharges\tduplicate charges\tdollars double-charged\tflagged\trefunded\tnet duplicates after refunds\t")
-	for _, x := range r.Results {
-		mark := ""
-		if x.Failed() {
-			mark = "  FAILED"
+	if len(r.Results) > 0 || len(r.Usage) == 0 {
+		if err := r.writeChargeTable(w); err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", x.Scenario, x.Mode, x.Events, x.Charges,
-			x.DuplicateCharges, Dollars(x.DuplicateCents), x.Flagged, x.Refunded, x.NetDuplicates, mark)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	if len(r.Usage) > 0 {
+		if len(r.Results) > 0 {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+		}
+		if err := r.writeUsageTable(w); err != nil {
+			return err
+		}
 	}
 	for _, s := range r.Skipped {
 		if _, err := fmt.Fprintf(w, "SKIPPED %s: %s\n", s.Scenario, s.Reason); err != nil {
@@ -43,22 +45,70 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
+	for _, x := range r.Usage {
+		if x.Failed() {
+			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
+				return err
+			}
+		}
+	}
 	_, err := fmt.Fprintln(w, "INCOMPLETE: the verdicts do not hold")
 	return err
 }
 
-// WriteJSON writes the results as a JSON array of objects with exactly the
-// fields scenario, mode, events, charges, duplicate_charges,
-// duplicate_cents, flagged, refunded and net_duplicates, and error on a row
-// whose cell did not finish.
+func (r Report) writeChargeTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tmode\tevents\tcharges\tduplicate charges\tdollars double-charged\tflagged\trefunded\tnet duplicates after refunds\t")
+	for _, x := range r.Results {
+		mark := ""
+		if x.Failed() {
+			mark = "  FAILED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", x.Scenario, x.Mode, x.Events, x.Charges,
+			x.DuplicateCharges, Dollars(x.DuplicateCents), x.Flagged, x.Refunded, x.NetDuplicates, mark)
+	}
+	return tw.Flush()
+}
+
+// writeUsageTable writes the usage scenarios' table: per scenario and mode,
+// what the events add up to, what Stripe's summaries add up to, and the
+// over-count.
+func (r Report) writeUsageTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "usage scenario\tmode\tevents\tcustomers\texpected units\tStripe units\tover-count units\tover-count events\tcustomers over-counted\tunder-count units\tparked (alerted)\t")
+	for _, x := range r.Usage {
+		mark := ""
+		if x.Failed() {
+			mark = "  FAILED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%s\n", x.Scenario, x.Mode, x.Events, x.Customers,
+			x.ExpectedUnits, x.StripeUnits, x.OverCountUnits, x.OverCountEvents, x.OverCountedCustomers, x.UnderCountUnits,
+			x.Parked, x.Alerted, mark)
+	}
+	return tw.Flush()
+}
+
+// WriteJSON writes the results as a JSON object with two arrays, the
+// drill's two tables: "charges", objects with exactly the fields scenario,
+// mode, events, charges, duplicate_charges, duplicate_cents, flagged,
+// refunded and net_duplicates; and "usage", objects with exactly scenario,
+// mode, events, customers, expected_units, stripe_units, overcount_units,
+// overcount_events, overcounted_customers, undercount_units, parked and
+// alerted. A row whose cell did not finish also has error.
 func (r Report) WriteJSON(w io.Writer) error {
-	res := r.Results
-	if res == nil {
-		res = []Result{}
+	out := struct {
+		Charges []Result      `json:"charges"`
+		Usage   []UsageResult `json:"usage"`
+	}{r.Results, r.Usage}
+	if out.Charges == nil {
+		out.Charges = []Result{}
+	}
+	if out.Usage == nil {
+		out.Usage = []UsageResult{}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(res)
+	return enc.Encode(out)
 }
 
 // WriteHTML writes a self-contained report (no external asset: a team can
@@ -142,7 +192,7 @@ var htmlReport = template.Must(template.New("report").Funcs(template.FuncMap{
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:70em}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}
 th{background:#f4f4f4}td:first-child,td:nth-child(2){text-align:left}
-tr.naive td{background:#fff6f4}tr.pelguard td{background:#f4fbf4}tr.failed td{background:#fbe0e0;font-weight:bold}
+tr.naive td,tr.naive-identifier td{background:#fff6f4}tr.pelguard td{background:#f4fbf4}tr.failed td{background:#fbe0e0;font-weight:bold}
 .charges{fill:#4a7bd0}.dups{fill:#d9412b}.axis{stroke:#999}.lbl{font-size:11px;fill:#444}
 .ok{color:#1a7f37}.bad{color:#c62828}
 </style></head><body>
@@ -161,10 +211,19 @@ pelguard (consumer + reaper); the auditor then flags the naive run's duplicates 
 <tr><th>scenario</th><th>mode</th><th>events</th><th>charges</th><th>duplicate charges</th><th>dollars double-charged</th><th>flagged</th><th>refunded</th><th>net duplicates after refunds</th>{{if .Report.Incomplete}}<th>status</th>{{end}}</tr>
 {{range .Report.Results}}<tr class="{{.Mode}}{{if .Failed}} failed{{end}}"><td>{{.Scenario}}</td><td>{{.Mode}}</td><td>{{.Events}}</td><td>{{.Charges}}</td><td>{{.DuplicateCharges}}</td><td>{{dollars .DuplicateCents}}</td><td>{{.Flagged}}</td><td>{{.Refunded}}</td><td>{{.NetDuplicates}}</td>{{if $.Report.Incomplete}}<td class="{{if .Failed}}bad{{else}}ok{{end}}">{{if .Failed}}FAILED: {{.Error}}{{else}}finished{{end}}</td>{{end}}</tr>
 {{end}}</table>
+{{if .Report.Usage}}<h2>Usage to Stripe Billing Meters</h2>
+<p>Meter events instead of charges, in three modes: naive (no identifier), naive-identifier (the event id as
+identifier, no ledger) and pelguard (meter consumer and ledger). Counted at the emulator: each customer's total
+from the meter's event summaries against what the customer's events add up to.</p>
+<table>
+<tr><th>usage scenario</th><th>mode</th><th>events</th><th>customers</th><th>expected units</th><th>Stripe units</th><th>over-count units</th><th>over-count events</th><th>customers over-counted</th><th>under-count units</th><th>parked (alerted)</th>{{if .Report.Incomplete}}<th>status</th>{{end}}</tr>
+{{range .Report.Usage}}<tr class="{{.Mode}}{{if .Failed}} failed{{end}}"><td>{{.Scenario}}</td><td>{{.Mode}}</td><td>{{.Events}}</td><td>{{.Customers}}</td><td>{{.ExpectedUnits}}</td><td>{{.StripeUnits}}</td><td>{{.OverCountUnits}}</td><td>{{.OverCountEvents}}</td><td>{{.OverCountedCustomers}}</td><td>{{.UnderCountUnits}}</td><td>{{.Parked}} ({{.Alerted}})</td>{{if $.Report.Incomplete}}<td class="{{if .Failed}}bad{{else}}ok{{end}}">{{if .Failed}}FAILED: {{.Error}}{{else}}finished{{end}}</td>{{end}}</tr>
+{{end}}</table>{{end}}
 {{range .Report.Skipped}}<p class="bad">SKIPPED {{.Scenario}}: {{.Reason}}</p>
 {{end}}{{if .Report.Incomplete}}<h2 class="bad">Verdicts do not hold: the run is incomplete</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
 {{else if .Failures}}<h2 class="bad">Verdicts do not hold</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
-{{else}}<p class="ok"><strong>Verdicts hold:</strong> the naive code double-charged in every scenario, pelguard never did,
-the auditor flagged every duplicate and the refunds left none.</p>{{end}}
+{{else}}<p class="ok"><strong>Verdicts hold:</strong>{{if .Report.Results}} the naive code double-charged in every scenario, pelguard never did,
+the auditor flagged every duplicate and the refunds left none.{{end}}{{if .Report.Usage}} The naive meter sender over-counted usage
+(with an identifier, past Stripe's window), pelguard counted every customer's usage exactly.{{end}}</p>{{end}}
 </body></html>
 `))

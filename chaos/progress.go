@@ -10,13 +10,16 @@ import (
 // progress writes the drill's progress line. On a terminal (rewrite) it
 // redraws one line as the scenario advances; elsewhere (CI logs) it writes
 // a line when a scenario starts and when it ends, so logs stay readable.
+// The three modes of a usage scenario run at once: each cell keeps its own
+// label, and the redrawn line shows the cell that moved last.
 type progress struct {
 	w       io.Writer
 	rewrite bool
 
 	mu     sync.Mutex
-	label  string
-	began  time.Time
+	labels map[*cell]string
+	label  string // the drawn line's cell
+	began  map[*cell]time.Time
 	last   time.Time
 	drawn  bool
 	status string
@@ -28,60 +31,81 @@ func (p *progress) start(c *cell, n, total int) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.label = fmt.Sprintf("[%d/%d] %s / %s", n, total, c.scenario, c.mode)
-	p.began = time.Now()
-	p.status = "starting"
+	if p.labels == nil {
+		p.labels, p.began = map[*cell]string{}, map[*cell]time.Time{}
+	}
+	p.labels[c] = fmt.Sprintf("[%d/%d] %s / %s", n, total, c.scenario, c.mode)
+	p.began[c] = time.Now()
+	p.label, p.status = p.labels[c], "starting"
 	if p.rewrite {
-		p.draw()
+		p.draw(c)
 	} else {
-		fmt.Fprintf(p.w, "chaos: %s: running\n", p.label)
+		p.clear()
+		fmt.Fprintf(p.w, "chaos: %s: running\n", p.labels[c])
 	}
 }
 
-func (p *progress) update(_ *cell, status string) {
+func (p *progress) update(c *cell, status string) {
 	if p == nil || p.w == nil || !p.rewrite {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.status = status
+	p.label, p.status = p.labels[c], status
 	if time.Since(p.last) >= 100*time.Millisecond {
-		p.draw()
+		p.draw(c)
 	}
 }
 
-func (p *progress) draw() {
-	fmt.Fprintf(p.w, "\r\033[Kchaos: %s: %s (%.1fs)", p.label, p.status, time.Since(p.began).Seconds())
+func (p *progress) draw(c *cell) {
+	fmt.Fprintf(p.w, "\r\033[Kchaos: %s: %s (%.1fs)", p.label, p.status, time.Since(p.began[c]).Seconds())
 	p.last, p.drawn = time.Now(), true
 }
 
-func (p *progress) finish(_ *cell, r Result) {
+// clear erases a drawn line before a line of its own; callers hold mu.
+func (p *progress) clear() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+}
+
+// line writes a finished cell's line and forgets the cell.
+func (p *progress) line(c *cell, text string) {
 	if p == nil || p.w == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.rewrite {
-		fmt.Fprint(p.w, "\r\033[K")
-	}
-	fmt.Fprintf(p.w, "chaos: %s: %d events, %d charges, %d duplicate(s) (%s), %d flagged, %d refunded in %.1fs\n",
-		p.label, r.Events, r.Charges, r.DuplicateCharges, Dollars(r.DuplicateCents), r.Flagged, r.Refunded, r.Elapsed.Seconds())
-	p.drawn = false
+	p.clear()
+	fmt.Fprintf(p.w, "chaos: %s: %s\n", p.labels[c], text)
+	delete(p.labels, c)
+	delete(p.began, c)
+}
+
+func (p *progress) finish(c *cell, r Result) {
+	p.line(c, fmt.Sprintf("%d events, %d charges, %d duplicate(s) (%s), %d flagged, %d refunded in %.1fs",
+		r.Events, r.Charges, r.DuplicateCharges, Dollars(r.DuplicateCents), r.Flagged, r.Refunded, r.Elapsed.Seconds()))
+}
+
+// finishUsage writes a usage cell's result line.
+func (p *progress) finishUsage(c *cell, r UsageResult) {
+	p.line(c, fmt.Sprintf("%d events, %d units expected, Stripe counts %d: %d over-counted in %d event(s), %d parked in %.1fs",
+		r.Events, r.ExpectedUnits, r.StripeUnits, r.OverCountUnits, r.OverCountEvents, r.Parked, r.Elapsed.Seconds()))
 }
 
 // fail writes a cell's failure line; c is nil when the cell could not even
-// be set up.
-func (p *progress) fail(c *cell, n, total int, r Result) {
+// be set up (then the label is made from n, total, scenario and mode).
+func (p *progress) fail(c *cell, n, total int, scenario, mode string, elapsed time.Duration, why string) {
 	if p == nil || p.w == nil {
 		return
 	}
-	p.mu.Lock()
-	label := p.label
-	p.mu.Unlock()
+	text := fmt.Sprintf("FAILED after %.1fs: %s", elapsed.Seconds(), why)
 	if c == nil {
-		label = fmt.Sprintf("[%d/%d] %s / %s", n, total, r.Scenario, r.Mode)
+		p.note(fmt.Sprintf("[%d/%d] %s / %s: %s", n, total, scenario, mode, text))
+		return
 	}
-	p.note(fmt.Sprintf("%s: FAILED after %.1fs: %s", label, r.Elapsed.Seconds(), r.Error))
+	p.line(c, text)
 }
 
 func (p *progress) note(msg string) {
@@ -90,21 +114,15 @@ func (p *progress) note(msg string) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.drawn {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.drawn = false
-	}
+	p.clear()
 	fmt.Fprintf(p.w, "chaos: %s\n", msg)
 }
 
 func (p *progress) done() {
-	if p == nil || p.w == nil {
+	if p == nil || p.w == nil || !p.rewrite {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.drawn {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.drawn = false
-	}
+	p.clear()
 }

@@ -1,9 +1,13 @@
 // Command chaos is the drill (`make demo`): it reproduces the seed's failure
 // modes with the naive consumer and monitor, then with pelguard, against
 // real Redis and Postgres and the in-process Stripe emulator, audits both,
-// refunds the naive duplicates, and prints what it cost. It exits 1 when a
-// verdict fails (naive without duplicates, pelguard with any, a duplicate
-// the auditor missed or the refund left), 2 when it could not run (a
+// refunds the naive duplicates, and prints what it cost; then the same
+// failure modes (and a 25 h gap) for usage sent to Stripe Billing Meters,
+// naive with and without an identifier and pelguard, counted per customer.
+// It exits 1 when a verdict fails (naive without duplicates, pelguard with
+// any, a duplicate the auditor missed or the refund left; a naive meter
+// sender that over-counted nothing, pelguard over- or under-counting any
+// customer's usage), 2 when it could not run (a
 // scenario that did not finish is in the table and the HTML report as a
 // FAILED row, and the verdicts do not hold).
 package main
@@ -51,11 +55,14 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 		return cli.ExitOK
 	}
 	var desc strings.Builder
-	desc.WriteString("Runs each scenario twice, with the seed's naive consumer and XAUTOCLAIM monitor and with\n" +
+	desc.WriteString("Runs each charge scenario twice, with the seed's naive consumer and XAUTOCLAIM monitor and with\n" +
 		"pelguard (consumer + reaper), then the auditor over each (--legacy for the naive charges) and\n" +
-		"`auditor refund` over the naive one. Exit status: 0 the verdicts hold, 1 one does not, 2 error.\n\nScenarios:\n")
+		"`auditor refund` over the naive one. Runs each usage scenario (meter events) three times: the\n" +
+		"naive sender without an identifier, with one and no ledger, and pelguard's meter consumer,\n" +
+		"counting each customer's meter total at the emulator. Exit status: 0 the verdicts hold, 1 one\n" +
+		"does not, 2 error.\n\nScenarios:\n")
 	for _, s := range chaos.Scenarios {
-		fmt.Fprintf(&desc, "  %-17s %s\n", s.Name, s.FailureMode)
+		fmt.Fprintf(&desc, "  %-23s %s\n", s.Name, s.FailureMode)
 	}
 	fs := cli.NewFlagSet("chaos", "chaos [flags]", desc.String(), stderr)
 	cfg := chaos.Config{Test: test}
@@ -92,7 +99,7 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 	ctx, cancel := cli.SignalContext(ctx)
 	defer cancel()
 	rep, runErr := chaos.Run(ctx, cfg)
-	if len(rep.Results) > 0 || len(rep.Skipped) > 0 {
+	if len(rep.Results) > 0 || len(rep.Usage) > 0 || len(rep.Skipped) > 0 {
 		var werr error
 		if jsonOut {
 			werr = rep.WriteJSON(stdout)
@@ -129,8 +136,16 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 		}
 		return 1
 	}
-	fmt.Fprintf(stderr, "chaos: verdicts hold in %.1fs: naive double-charged in every scenario, pelguard never; "+
-		"the auditor flagged every duplicate and the refunds left none\n", rep.Elapsed.Seconds())
+	var held []string
+	if len(rep.Results) > 0 {
+		held = append(held, "naive double-charged in every scenario, pelguard never; "+
+			"the auditor flagged every duplicate and the refunds left none")
+	}
+	if len(rep.Usage) > 0 {
+		held = append(held, "the naive meter sender over-counted usage (with an identifier, past Stripe's window), "+
+			"pelguard counted every customer exactly")
+	}
+	fmt.Fprintf(stderr, "chaos: verdicts hold in %.1fs: %s\n", rep.Elapsed.Seconds(), strings.Join(held, "; "))
 	return 0
 }
 

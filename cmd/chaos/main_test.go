@@ -31,22 +31,33 @@ func TestJSONAndHTML(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	page := filepath.Join(t.TempDir(), "report.html")
-	code := run(context.Background(), args("--scenario", "expired-key", "--scenario", "partial-batch", "--json", "--html", page), &stdout, &stderr)
+	code := run(context.Background(), args("--scenario", "usage-25h-gap", "--scenario", "expired-key", "--scenario", "partial-batch",
+		"--json", "--html", page), &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	var rows []map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &rows); err != nil {
+	var out struct {
+		Charges []map[string]any `json:"charges"`
+		Usage   []map[string]any `json:"usage"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 		t.Fatalf("%v: %s", err, stdout.String())
 	}
+	rows := out.Charges
 	if len(rows) != 4 || rows[0]["scenario"] != "partial-batch" || rows[0]["mode"] != "naive" || rows[3]["scenario"] != "expired-key" {
 		t.Fatalf("rows %v", rows)
 	}
-	if !strings.Contains(stderr.String(), "[1/4] partial-batch / naive") || !strings.Contains(stderr.String(), "verdicts hold") {
+	u := out.Usage
+	if len(u) != 3 || u[0]["scenario"] != "usage-25h-gap" || u[1]["mode"] != "naive-identifier" || u[2]["mode"] != "pelguard" ||
+		u[0]["overcount_units"].(float64) == 0 || u[2]["overcount_units"].(float64) != 0 {
+		t.Fatalf("usage rows %v", u)
+	}
+	if !strings.Contains(stderr.String(), "[1/7] partial-batch / naive") || !strings.Contains(stderr.String(), "[7/7] usage-25h-gap / pelguard") ||
+		!strings.Contains(stderr.String(), "verdicts hold") {
 		t.Errorf("no progress or verdict on stderr: %s", stderr.String())
 	}
 	h, err := os.ReadFile(page)
-	if err != nil || !bytes.Contains(h, []byte("<svg")) {
+	if err != nil || !bytes.Contains(h, []byte("<svg")) || !bytes.Contains(h, []byte("usage-25h-gap")) {
 		t.Fatalf("HTML report: %v", err)
 	}
 }
@@ -66,7 +77,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 ||
-		!strings.Contains(stderr.String(), "aof-rollback") {
+		!strings.Contains(stderr.String(), "aof-rollback") || !strings.Contains(stderr.String(), "usage-25h-gap") {
 		t.Errorf("--help: exit %d: %s", code, stderr.String())
 	}
 }

@@ -14,6 +14,10 @@
 //     only at the end, and a Stripe error abandons the whole batch unacked;
 //   - AOF rollback (failure mode 3): Record writes billing_records and then
 //     XACKs, but nothing ever reads billing_records before charging.
+//
+// MeterConsumer (meter.go) is the same loop sending usage to Stripe Billing
+// Meters (stripe.billing.MeterEvent.create), without an identifier or with
+// a deterministic one and no ledger; the Monitor reclaims for it as well.
 package naive
 
 import (
