@@ -251,7 +251,9 @@ func TestMigrationLockIsPerSchema(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID(testenv.SchemaOf(held))); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID(testenv.SchemaOf(held))) }()
+	defer func() {
+		_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID(testenv.SchemaOf(held)))
+	}()
 	m, err := migrations.New(other, testenv.SchemaOf(other), nil)
 	if err != nil {
 		t.Fatal(err)
