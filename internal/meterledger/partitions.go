@@ -92,7 +92,7 @@ func (l *Ledger) EnsurePartitions(ctx context.Context, now time.Time) ([]string,
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		created, err = l.ensure(ctx, from, to)
-		if !duplicate(err) {
+		if !duplicate(err) && !lockTimeout(err) {
 			break
 		}
 	}
@@ -103,6 +103,13 @@ func (l *Ledger) EnsurePartitions(ctx context.Context, now time.Time) ([]string,
 	l.ensuredFrom, l.ensuredTo = from, to.AddDate(0, 0, 1)
 	l.mu.Unlock()
 	return created, nil
+}
+
+// lockTimeout: the DDL waited past partitionLockTimeout for the table
+// (busy with inserts); the next attempt usually gets it.
+func lockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
 func duplicate(err error) bool {
@@ -183,11 +190,15 @@ func (l *Ledger) Prune(ctx context.Context, now time.Time) ([]string, error) {
 // partition lock, waiting at most partitionLockTimeout for the table's.
 func (l *Ledger) partitionTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
-			return fmt.Errorf("setting lock_timeout: %w", err)
-		}
+		// pelguard's own runs wait for each other as long as ctx allows (a
+		// run that makes 39 partitions on a loaded server takes seconds);
+		// only the DDL's lock on the table, which waits behind inserts,
+		// is bounded.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "pelguard.meter_partitions."+l.pool.Schema()); err != nil {
 			return fmt.Errorf("locking meter_events' partitions: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
 		return fn(tx)
 	})
