@@ -302,6 +302,9 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 		return err
 	}
 	a.log.Debug("usage windows staged", slog.Int64("windows", staged))
+	if err := a.store.analyzeUsageStage(ctx); err != nil {
+		return err
+	}
 	names, err := a.store.stagedMeters(ctx, rep.RunID)
 	if err != nil {
 		return err
@@ -312,6 +315,7 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 		if err != nil {
 			return fmt.Errorf("listing Stripe's meters: %w", err)
 		}
+		a.log.Debug("usage meters listed", slog.Int("meters", len(list)))
 		for _, m := range list {
 			if m.Status == "" || m.Status == "active" {
 				meters[m.EventName] = m
@@ -392,6 +396,7 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 		if len(page) == 0 {
 			return nil
 		}
+		a.log.Debug("usage customers read", slog.Int("customers", len(page)))
 		customers := make([]string, 0, len(page))
 		for c := range page {
 			customers = append(customers, c)
@@ -407,7 +412,9 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
+				t0 := time.Now()
 				results[i], errs[i] = a.compareCustomer(ctx, sp, m, measure, c, page[c])
+				a.log.Debug("usage customer compared", slog.String("customer", c), slog.Duration("took", time.Since(t0)))
 			}()
 		}
 		wg.Wait()
