@@ -157,7 +157,7 @@ func seedUsageBench(b *testing.B, pool *pgxpool.Pool, schema, simURL string, n, 
 	}
 	from, to := now.Add(-30*24*time.Hour+time.Hour), now.Add(-2*time.Hour)
 	span := to.Sub(from)
-	cut := now.Truncate(24*time.Hour).Add(-3 * 24 * time.Hour)
+	cut := now.Truncate(24 * time.Hour).Add(-3 * 24 * time.Hour)
 	type bucket struct {
 		cust int
 		at   int64
