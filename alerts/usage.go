@@ -55,7 +55,10 @@ func UsageDrift(runID int64, findings []UsageFindingInfo, corrected, manual int)
 		},
 		ItemsTitle:  "Windows",
 		Items:       items,
-		ThreadItems: true,
+		InlineItems: 10,
+		// A reply per window, but not thousands of them: past 50 the
+		// message counts the rest and usage-findings lists them.
+		ThreadItems: len(items) <= 50,
 		Fingerprint: "usage_drift:" + strconv.FormatInt(runID, 10),
 	}
 }

@@ -217,8 +217,12 @@ type UsageReport struct {
 	Suspect  int            `json:"suspect"`
 	Findings []UsageFinding `json:"findings"`
 	Resolved []UsageFinding `json:"resolved,omitempty"`
-	// OpenFindings counts every open usage finding when the run ends.
-	OpenFindings int `json:"open_findings"`
+	// OpenFindings counts every open usage finding when the run ends
+	// (Findings lists the first 1,000); OpenByKind and DriftUnits split
+	// them by kind, DriftUnits as the sum of |Stripe − ledger|.
+	OpenFindings int                 `json:"open_findings"`
+	OpenByKind   map[UsageKind]int   `json:"open_by_kind,omitempty"`
+	DriftUnits   map[UsageKind]int64 `json:"drift_units,omitempty"`
 	// Corrections made (or finished) by this run, and the ones skipped.
 	Corrections []UsageCorrection `json:"corrections,omitempty"`
 	Duration    time.Duration     `json:"duration_ns"`
@@ -357,7 +361,10 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 	for i := range rep.Findings {
 		rep.Findings[i].New = rep.opened[rep.Findings[i].ID]
 	}
-	rep.OpenFindings = len(rep.Findings)
+	if rep.OpenByKind, rep.DriftUnits, err = a.store.usageOpenTotals(ctx); err != nil {
+		return err
+	}
+	rep.OpenFindings = rep.OpenByKind[UsageOver] + rep.OpenByKind[UsageUnder]
 	return nil
 }
 

@@ -347,6 +347,11 @@ func (a *Auditor) carryOut(ctx context.Context, c UsageCorrection, now time.Time
 	}
 	manual := ""
 	switch {
+	case err == nil && c.Kind == CorrectionResend && c.EventsSent == 0:
+		c.Status, c.LastError = "sent", ""
+		manual = fmt.Sprintf("the window's events were sent again (%s) and Stripe refused every one as already counted: "+
+			"if the %d units are still missing once the summaries catch up, Stripe dropped an event whose identifier it keeps: "+
+			"send the missing usage as one meter event (a new identifier), or invoice it by hand", c.Identifier, c.Units)
 	case err == nil:
 		c.Status, c.LastError = "sent", ""
 	case errors.Is(err, stripeapi.ErrTransient):

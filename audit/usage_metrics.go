@@ -92,14 +92,9 @@ func (m *Metrics) ObserveUsage(rep UsageReport, err error) {
 		u.runs.WithLabelValues(ResultError).Inc()
 		return
 	}
-	open, drift := map[UsageKind]float64{}, map[UsageKind]float64{}
-	for _, f := range rep.Findings {
-		open[f.Kind]++
-		drift[f.Kind] += float64(abs(f.Delta()))
-	}
 	for _, k := range []UsageKind{UsageOver, UsageUnder} {
-		u.open.WithLabelValues(string(k)).Set(open[k])
-		u.drift.WithLabelValues(string(k)).Set(drift[k])
+		u.open.WithLabelValues(string(k)).Set(float64(rep.OpenByKind[k]))
+		u.drift.WithLabelValues(string(k)).Set(float64(rep.DriftUnits[k]))
 	}
 	if rep.OpenFindings > 0 {
 		u.runs.WithLabelValues(ResultFindings).Inc()

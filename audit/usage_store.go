@@ -169,7 +169,8 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 			return o, fmt.Errorf("opening stable usage findings: %w", err)
 		}
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM {schema}.usage_findings
-			WHERE event_name = $1 AND last_seen_run_id = $2 AND state = 'suspect'`, m.EventName, run).Scan(&o.suspect); err != nil {
+			WHERE event_name = $1 AND last_seen_run_id = $2 AND state = 'suspect' AND stripe_customer_id = ANY($3)`,
+			m.EventName, run, dc).Scan(&o.suspect); err != nil {
 			return o, fmt.Errorf("counting suspect usage windows: %w", err)
 		}
 	}
@@ -260,6 +261,28 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// usageOpenTotals counts the open usage findings and their drift (the sum
+// of |Stripe − ledger|), per kind.
+func (s *Store) usageOpenTotals(ctx context.Context) (map[UsageKind]int, map[UsageKind]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT kind, count(*), coalesce(sum(abs(stripe_value - ledger_value)), 0)::bigint
+		FROM {schema}.usage_findings WHERE state = 'open' GROUP BY kind`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("counting open usage findings: %w", err)
+	}
+	n, units := map[UsageKind]int{}, map[UsageKind]int64{}
+	var kind string
+	var c int
+	var u int64
+	_, err = pgx.ForEachRow(rows, []any{&kind, &c, &u}, func() error {
+		n[UsageKind(kind)], units[UsageKind(kind)] = c, u
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("counting open usage findings: %w", err)
+	}
+	return n, units, nil
 }
 
 // DismissUsageFinding closes an open or suspect usage finding by hand: the
