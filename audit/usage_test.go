@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
@@ -333,5 +336,44 @@ func TestUsageMeterFormulas(t *testing.T) {
 	}
 	if len(rep.Corrections) != 0 || !strings.Contains(rep.Findings[0].ManualAction, "count meter") {
 		t.Fatalf("a count meter's over-count must be left to a person: %+v", rep.Findings[0])
+	}
+}
+
+// TestUsageScheduled: with Usage.Enabled a scheduled run reconciles meters
+// after the charges' audit, and the metrics show the drift.
+func TestUsageScheduled(t *testing.T) {
+	t.Parallel()
+	w := setupUsage(t, stripesim.FormulaSum, stripesim.Faults{})
+	hour := now.Add(-time.Hour)
+	w.deliver("cus_F", 4, hour.Add(5*time.Minute))
+	w.secondSender("cus_F", 3, hour.Add(6*time.Minute), "other-sender-4")
+	w.tick(15 * time.Minute)
+	a := w.auditor(func(u *UsageConfig) { u.StableChecks, u.Enabled, u.AutoCorrect = 1, true, false })
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	s, err := a.NewScheduler("@hourly", metrics.Observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []UsageReport
+	s.OnUsage(func(r UsageReport, err error) {
+		if err != nil {
+			t.Errorf("usage run: %v", err)
+		}
+		got = append(got, r)
+		metrics.ObserveUsage(r, err)
+	})
+	s.runOnce(context.Background())
+	if len(got) != 1 || got[0].OpenFindings != 1 {
+		t.Fatalf("want one usage run with one open finding, got %+v", got)
+	}
+	if v := testutil.ToFloat64(metrics.usage.drift.WithLabelValues(string(UsageOver))); v != 3 {
+		t.Fatalf("pelguard_usage_drift_units{kind=usage_over} = %v, want 3", v)
+	}
+	if m := got[0].Findings[0].ManualAction; !strings.Contains(m, "value -3") || !strings.Contains(m, "would do") {
+		t.Fatalf("without auto-correct the finding names the correction: %q", m)
+	}
+	if n := w.stripeEvents("cus_F", "pgc_"); n != 0 {
+		t.Fatalf("corrected without --usage-auto-correct: %d events", n)
 	}
 }
