@@ -301,6 +301,8 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 			a.log.Warn("usage stage left behind; the next run clears it", slog.Any("error", err))
 		}
 	}()
+	a.log.Debug("usage run started", slog.Int64("usage_run_id", rep.RunID), slog.Time("daily_from", sp.dailyFrom),
+		slog.Time("hourly_from", sp.hourlyFrom), slog.Time("to", sp.to))
 	staged, err := a.meters.StageWindowTotals(ctx, rep.RunID, sp.dailyFrom, sp.hourlyFrom, sp.to)
 	if err != nil {
 		return err
