@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/tracing"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -26,6 +27,7 @@ type Auditor struct {
 	cfg      Config
 	store    *Store
 	ledger   *ledger.Ledger
+	meters   *meterledger.Ledger
 	stripe   *stripeapi.Client
 	legacyRE *regexp.Regexp
 	log      *slog.Logger
@@ -45,9 +47,12 @@ func New(cfg Config) (*Auditor, error) {
 	cfg = cfg.withDefaults()
 	a := &Auditor{cfg: cfg, store: NewStore(cfg.DB, cfg.Schema), log: cfg.Logger, tracer: tracing.Tracer(cfg.TracerProvider)}
 	a.ledger = ledger.New(cfg.DB, cfg.Schema, cfg.Clock)
+	var err error
+	if a.meters, err = meterledger.New(cfg.DB, meterledger.Config{Schema: cfg.Schema, Clock: cfg.Clock, SafeWindow: cfg.Usage.SafeWindow}); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
 	sc := cfg.Stripe
 	sc.HTTPClient = countingClient(sc.HTTPClient, &a.pages)
-	var err error
 	if a.stripe, err = stripeapi.New(sc); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}

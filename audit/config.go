@@ -163,6 +163,10 @@ type Config struct {
 	MaxRefunds24h int
 	MaxCents24h   int64
 
+	// Usage configures the reconciliation of Stripe's meter totals with
+	// the meter ledger (usage.go; ReconcileUsage).
+	Usage UsageConfig
+
 	// Test holds hooks for tests only; production leaves it zero.
 	// Witness is the process's ledger witness (pelguard's binaries give
 	// their internal/rollback monitor): a recorded refund bumps it, and
@@ -201,6 +205,7 @@ func (c Config) withDefaults() Config {
 	c.MaxCents24h = cmp.Or(c.MaxCents24h, DefaultMaxCents24h)
 	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.CommandName = cmp.Or(c.CommandName, DefaultCommandName)
+	c.Usage = c.Usage.withDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -244,6 +249,9 @@ func (c Config) Validate() error {
 	if c.MaxRefunds24h < 0 || c.MaxCents24h < 0 {
 		errs = append(errs, errors.New("MaxRefunds24h and MaxCents24h must not be negative (0 takes the default)"))
 	}
+	if err := c.Usage.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.ExternalLedger != "" {
 		if !c.Legacy {
 			errs = append(errs, errors.New("ExternalLedger (--external-ledger) needs Legacy (--legacy): the team's charges carry no pelguard marker"))
@@ -268,6 +276,10 @@ type TestConfig struct {
 	// BeforeRefund runs right before a refund's POST, with the key's ledger
 	// lock and the refund ledger's lock held and both charges re-read.
 	BeforeRefund func(Finding)
+	// AfterUsageCorrectionRecorded runs once a usage correction is
+	// recorded, before its first call; an error ends the run there (a
+	// crash between the record and the call).
+	AfterUsageCorrectionRecorded func(UsageCorrection) error
 }
 
 // Window is the span of charge creation times a run audits. The zero Window

@@ -27,6 +27,7 @@ type Metrics struct {
 	refunds       *prometheus.CounterVec
 	refundedCents prometheus.Counter
 	lastSuccess   prometheus.Gauge
+	usage         usageMetrics
 }
 
 // NewMetrics registers the auditor's series on reg. Every label value is
@@ -67,6 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "pelguard_auditor_last_success_timestamp_seconds",
 			Help: "Unix time of the last audit run that finished without error (0: none yet).",
 		}),
+		usage: newUsageMetrics(),
 	}
 	for _, r := range []string{ResultClean, ResultFindings, ResultLocked, ResultEmpty, ResultError} {
 		m.runs.WithLabelValues(r)
@@ -79,6 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.refunds.WithLabelValues("skipped")
 	if reg != nil {
 		reg.MustRegister(m.runs, m.findings, m.open, m.charges, m.duration, m.refunds, m.refundedCents, m.lastSuccess)
+		reg.MustRegister(m.usage.collectors()...)
 	}
 	return m
 }

@@ -19,6 +19,7 @@ type Scheduler struct {
 	a        *Auditor
 	spec     string
 	onReport func(Report, error)
+	onUsage  func(UsageReport, error)
 
 	svc startstop.Service
 }
@@ -75,7 +76,28 @@ func (s *Scheduler) runOnce(ctx context.Context) {
 	if s.onReport != nil {
 		s.onReport(rep, err)
 	}
+	if !s.a.cfg.Usage.Enabled || ctx.Err() != nil {
+		return
+	}
+	// The usage reconciliation follows the charges' audit, under a lock of
+	// its own: a failed charge audit does not keep meters from being read.
+	urep, err := s.a.ReconcileUsage(ctx)
+	switch {
+	case errors.Is(err, ErrLocked):
+		s.a.log.Info("scheduled usage reconciliation skipped: another run holds the lock")
+	case errors.Is(err, ErrUsageSpan):
+		s.a.log.Info("scheduled usage reconciliation skipped: no settled window yet")
+	case err != nil:
+		s.a.log.Error("scheduled usage reconciliation failed", slog.Any("error", err))
+	}
+	if s.onUsage != nil {
+		s.onUsage(urep, err)
+	}
 }
+
+// OnUsage sets what receives every scheduled usage reconciliation's outcome
+// (Config.Usage.Enabled); call it before Start.
+func (s *Scheduler) OnUsage(f func(UsageReport, error)) { s.onUsage = f }
 
 // Stop stops scheduling and waits for a run in progress; when ctx ends
 // first, the run is cancelled and Stop returns ctx's error. Stopping twice,

@@ -85,6 +85,11 @@ type MeterEvent struct {
 	// (within its 24 h) rather than refused. Empty: Stripe generates one
 	// and nothing protects a second send: the naive baseline only.
 	Identifier string
+	// IdempotencyKey, when set, replaces the Idempotency-Key derived from
+	// Identifier: the auditor's re-send of an event Stripe dropped after
+	// its 200 (whose first answer Stripe's idempotency record would replay)
+	// still meets the identifier's own deduplication. Up to 255 characters.
+	IdempotencyKey string
 	// Timestamp is when the usage happened; zero means Stripe's now.
 	// CheckMeterTimestamp says whether Stripe will take it.
 	Timestamp time.Time
@@ -110,6 +115,8 @@ func (e MeterEvent) validate() error {
 		return fmt.Errorf("%w: event name longer than %d characters", ErrInvalidRequest, MeterIdentifierMaxLen)
 	case len(e.Identifier) > MeterIdentifierMaxLen:
 		return fmt.Errorf("%w: identifier longer than %d characters", ErrInvalidRequest, MeterIdentifierMaxLen)
+	case len(e.IdempotencyKey) > 255 || (e.IdempotencyKey != "" && e.Identifier == ""):
+		return fmt.Errorf("%w: an IdempotencyKey needs an Identifier and at most 255 characters", ErrInvalidRequest)
 	case digits(e.Value) > MeterValueMaxDigits:
 		return fmt.Errorf("%w: value %d has more than %d digits", ErrInvalidRequest, e.Value, MeterValueMaxDigits)
 	}
@@ -171,7 +178,7 @@ func (c *Client) SendMeterEvent(ctx context.Context, ev MeterEvent) (MeterEventR
 		}
 		if ev.Identifier != "" {
 			p.Identifier = stripe.String(ev.Identifier)
-			p.SetIdempotencyKey("pelguard-meter:" + ev.Identifier)
+			p.SetIdempotencyKey(cmp.Or(ev.IdempotencyKey, "pelguard-meter:"+ev.Identifier))
 		}
 		if !ev.Timestamp.IsZero() {
 			p.Timestamp = stripe.Int64(ev.Timestamp.Unix())

@@ -40,6 +40,7 @@ type FaultsJSON struct {
 	MeterEventRateBurst   int     `json:"meter_event_rate_burst,omitempty"`
 	DropNextMeterEvents   int     `json:"drop_next_meter_events,omitempty"`
 	RejectNextMeterEvents int     `json:"reject_next_meter_events,omitempty"`
+	MeterSummaryLag       string  `json:"meter_summary_lag,omitempty"`
 }
 
 func durStr(d time.Duration) string {
@@ -69,6 +70,7 @@ func (f Faults) ToJSON() FaultsJSON {
 	j.CardErrorCodes, j.AdviceCodes = f.CardErrorCodes, f.AdviceCodes
 	j.MeterEventLatency, j.MeterEventRateLimit, j.MeterEventRateBurst = durStr(f.MeterEventLatency), f.MeterEventRateLimit, f.MeterEventRateBurst
 	j.DropNextMeterEvents, j.RejectNextMeterEvents = f.DropNextMeterEvents, f.RejectNextMeterEvents
+	j.MeterSummaryLag = durStr(f.MeterSummaryLag)
 	return j
 }
 
@@ -106,6 +108,7 @@ func (j FaultsJSON) Faults() (Faults, error) {
 	f.MeterEventLatency = parse("meter_event_latency", j.MeterEventLatency)
 	f.MeterEventRateLimit, f.MeterEventRateBurst = j.MeterEventRateLimit, j.MeterEventRateBurst
 	f.DropNextMeterEvents, f.RejectNextMeterEvents = j.DropNextMeterEvents, j.RejectNextMeterEvents
+	f.MeterSummaryLag = parse("meter_summary_lag", j.MeterSummaryLag)
 	return f, err
 }
 
@@ -152,6 +155,10 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status, v, ok := s.serveSeed(r); ok {
+		reply(status, v)
+		return
+	}
+	if status, v, ok := s.serveMeterSeed(r); ok {
 		reply(status, v)
 		return
 	}

@@ -124,6 +124,13 @@ type Faults struct {
 	// 200 and reports what it rejects in v1.billing.meter.error_report_triggered
 	// events. Faults() reports how many remain.
 	RejectNextMeterEvents int
+	// MeterSummaryLag makes meter event summaries eventually consistent,
+	// as Stripe's are (documented: "aggregated usage in meter event
+	// summaries … might not immediately reflect recently received meter
+	// events"): an event counts in a summary only once it was received at
+	// least this long ago on the emulator's clock (Advance moves it).
+	// MeterTotal and MeterEvents are not delayed. 0: immediate.
+	MeterSummaryLag time.Duration
 }
 
 // Latency describes injected delay: Fixed + uniform[Min, Max) + Tail with
@@ -150,8 +157,8 @@ func (f Faults) Validate() error {
 		errs = append(errs, errors.New("RateLimit, RateBurst, DropNextCharges and FailNextRefunds must not be negative"))
 	}
 	if f.MeterEventLatency < 0 || f.MeterEventRateLimit < 0 || f.MeterEventRateBurst < 0 ||
-		f.DropNextMeterEvents < 0 || f.RejectNextMeterEvents < 0 {
-		errs = append(errs, errors.New("MeterEventLatency, MeterEventRateLimit, MeterEventRateBurst, DropNextMeterEvents and RejectNextMeterEvents must not be negative"))
+		f.DropNextMeterEvents < 0 || f.RejectNextMeterEvents < 0 || f.MeterSummaryLag < 0 {
+		errs = append(errs, errors.New("MeterEventLatency, MeterEventRateLimit, MeterEventRateBurst, DropNextMeterEvents, RejectNextMeterEvents and MeterSummaryLag must not be negative"))
 	}
 	for id, code := range f.DeclineCodes {
 		if code == "" {

@@ -12,7 +12,8 @@ import (
 // hour or day asks for one summary per hour or UTC day, and then start and
 // end must be aligned with hours or UTC midnights; without it one summary
 // covers the whole range; aggregated_value is a float; summaries are
-// eventually consistent at Stripe (the emulator's are immediate). Assumed:
+// eventually consistent at Stripe (the emulator's are immediate, or lag by
+// Faults.MeterSummaryLag: an event counts once received that long ago). Assumed:
 // with a window, hours or days without an event are left out (Stripe's docs
 // do not say); the refusals' messages are ours. Summaries come newest
 // first, as in Stripe's example.
@@ -75,13 +76,14 @@ func (s *Server) listMeterSummaries(c *apiCall) response {
 	}
 	evs := sortedEvents(ms.byKey[flightKey{m.id, customer}])
 	ms.mu.Unlock()
+	visibleBy := s.Now().Add(-s.faults.current().MeterSummaryLag)
 
 	// Events are sorted by timestamp, so each window's events are
 	// contiguous and "last" is the last one seen.
 	var sums []summary // oldest first
 	counts := 0
 	for _, e := range evs {
-		if e.cancelled || e.timestamp < start || e.timestamp >= end {
+		if e.cancelled || e.timestamp < start || e.timestamp >= end || e.received.After(visibleBy) {
 			continue
 		}
 		ws := start + (e.timestamp-start)/width*width

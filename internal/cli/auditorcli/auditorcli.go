@@ -33,6 +33,8 @@ func program() *cli.Program {
 		{Name: "run", Args: "[flags]", Summary: "audit a window (default: since the last checkpoint), or on a --schedule", Run: runCmd},
 		{Name: "refund", Args: "ID|--all [flags]", Summary: "refund duplicate findings within caps", Run: refundCmd},
 		{Name: "findings", Args: "[flags]", Summary: "list findings", Run: findingsCmd},
+		{Name: "usage", Args: "[flags]", Summary: "reconcile Stripe's meter totals with the meter ledger once (and correct, when told)", Run: usageCmd},
+		{Name: "usage-findings", Args: "[flags]", Summary: "list usage findings", Run: usageFindingsCmd},
 		{Name: "resolve", Args: "ID", Summary: "close a finding handled by hand", Run: setStateCmd("resolve")},
 		{Name: "dismiss", Args: "ID", Summary: "close a finding that is not a problem", Run: setStateCmd("dismiss")},
 		{Name: "migrate", Args: "up|down|status|move", Summary: "apply, roll back, list or move the ledger's migrations", Run: migrateCmd},

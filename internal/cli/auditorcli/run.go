@@ -58,6 +58,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 		"a processing row (a bank debit in motion) unsettled this long is stuck_pending (SEPA debits take up to 14 business days)")
 	fs.DurationVar(&c.LockWait, "lock-wait", 10*time.Minute, "wait this long for a run in progress (scheduled runs skip at once)")
 	fs.StringVar(&o.Schedule, "schedule", "", "run on this cron schedule (e.g. '*/30 * * * *' or '@hourly') until SIGTERM")
+	fs.BoolVar(&c.Usage.Enabled, "usage", cli.EnvBool("PELGUARD_AUDITOR_USAGE", false),
+		"with --schedule: reconcile Stripe's meter totals with the meter ledger after each run (see 'usage --help') [PELGUARD_AUDITOR_USAGE]")
+	registerUsage(fs, &c.Usage)
 	fs.BoolVar(&c.AutoRefund, "auto-refund", false, "refund open duplicates after each run, within --max-refunds and --max-cents and the rolling --max-refunds-24h and --max-cents-24h")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_AUDITOR_METRICS_ADDR", ""), "serve /metrics, /healthz, /readyz here with --schedule (e.g. 127.0.0.1:9466) [PELGUARD_AUDITOR_METRICS_ADDR]")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 10*time.Minute, "on SIGTERM, wait this long for a run in progress")
@@ -85,6 +88,9 @@ func (o *RunOptions) Validate() error {
 		o.Config.SettleDelay = audit.NoSettleDelay
 	default:
 		o.Config.SettleDelay = o.SettleDelay
+	}
+	if o.Config.Usage.Enabled && o.Schedule == "" {
+		return cli.Usagef("--usage reconciles meters after each scheduled run: give --schedule too, or run 'pelguard-auditor usage' once")
 	}
 	if o.Schedule != "" && o.window.Manual() {
 		return cli.Usagef("--schedule audits from the checkpoint: it cannot take --from, --to or --period")
@@ -162,6 +168,7 @@ func (o *RunOptions) runScheduled(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, cli.Usagef("--schedule: %v", err))
 	}
+	sched.OnUsage(metrics.ObserveUsage)
 	var started cli.Gate
 	ops, err := cli.ServeOps(o.MetricsAddr, reg, []cli.Check{started.Check(), {Name: "postgres", Fn: a.pool.Ping}}, a.logger)
 	if err != nil {

@@ -1,0 +1,514 @@
+package audit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+// Usage reconciliation (issue 29): Stripe has no list of meter events, only
+// event summaries per meter and named customer, grouped by hour or UTC day
+// and eventually consistent. So the auditor compares totals: per meter,
+// Stripe customer and window, Stripe's summary against the ledger's
+// delivered total (meter_events, aggregated in SQL into usage_stage). A
+// window is compared once it ended SettleDelay ago, and a difference
+// becomes a finding (usage_over, usage_under) only once StableChecks
+// consecutive runs saw the very same difference: a summary that is merely
+// behind catches up in between. Findings re-evaluate every run and resolve
+// themselves when the totals agree. Corrections: usage_correct.go.
+
+// Defaults of UsageConfig.
+const (
+	// DefaultUsageSettleDelay: a window is compared once it ended this long
+	// ago. Stripe documents summaries as eventually consistent without a
+	// bound; an hour is ample for what is seen in practice (seconds to
+	// minutes), and StableChecks guards the rest.
+	DefaultUsageSettleDelay = time.Hour
+	// DefaultUsageStableChecks: consecutive runs that must see the same
+	// difference before it is a finding.
+	DefaultUsageStableChecks = 2
+	// DefaultUsageHourlyFor: windows of the last two days (from the UTC
+	// midnight before now minus this) are compared per hour, older ones per
+	// UTC day (one request per customer and meter covers them all).
+	DefaultUsageHourlyFor = 48 * time.Hour
+	// DefaultUsageLookback: Stripe takes events up to 35 days old, and the
+	// ledger keeps them 36: the whole days inside it are compared.
+	DefaultUsageLookback = 35 * 24 * time.Hour
+	// DefaultUsageCustomerPage: customers staged windows are read for at a
+	// time.
+	DefaultUsageCustomerPage = 1000
+	// DefaultUsageMaxCorrections and DefaultUsageMaxUnits cap one run's
+	// corrections; DefaultUsageMaxCorrections24h every correction of any
+	// 24 h (usage_corrections).
+	DefaultUsageMaxCorrections    = 10
+	DefaultUsageMaxUnits          = 100_000
+	DefaultUsageMaxCorrections24h = 30
+	// DefaultUsageInvoiceGrace is Stripe's default invoice finalization
+	// grace period (documented: one hour, during which usage of the ended
+	// period is still taken).
+	DefaultUsageInvoiceGrace = time.Hour
+	// DefaultUsageMaxResendEvents bounds the events of one window an
+	// under-count correction sends again.
+	DefaultUsageMaxResendEvents = 1000
+)
+
+// UsageConfig configures the usage reconciliation (Config.Usage).
+type UsageConfig struct {
+	// Enabled runs the reconciliation after every scheduled audit run.
+	// ReconcileUsage runs it whatever this says.
+	Enabled bool
+	// SettleDelay: windows are compared once they ended this long ago
+	// (default DefaultUsageSettleDelay).
+	SettleDelay time.Duration
+	// StableChecks: runs in a row that must see one difference before it
+	// is a finding (default DefaultUsageStableChecks; 1 reports at once).
+	StableChecks int
+	// HourlyFor: windows from the UTC midnight before now minus HourlyFor
+	// are compared per hour, older ones per day (default
+	// DefaultUsageHourlyFor; at least 24 h).
+	HourlyFor time.Duration
+	// Lookback: how far back windows are compared (default and most
+	// DefaultUsageLookback).
+	Lookback time.Duration
+	// CustomerPage: customers read from the stage at a time.
+	CustomerPage int
+
+	// AutoCorrect makes the corrections Stripe allows at the finding's age
+	// (usage_correct.go), within the caps below; without it a finding only
+	// names the correction.
+	AutoCorrect       bool
+	MaxCorrections    int
+	MaxUnits          int64
+	MaxCorrections24h int
+	// SafeWindow is how long after an event's first attempt Stripe still
+	// refuses its identifier again (default meterledger's 23 h): an
+	// under-count is re-sent under the events' own identifiers only within
+	// it.
+	SafeWindow time.Duration
+	// InvoiceGrace is the invoices' finalization grace period (default
+	// DefaultUsageInvoiceGrace): a correction lands on the invoice of the
+	// window's billing period only until the period's end plus it.
+	InvoiceGrace time.Duration
+	// InvoiceClosesAt says when the invoice that bills customer's usage at
+	// ts is finalized. Default: billing periods are calendar months (UTC),
+	// closed at the next month's start plus InvoiceGrace. Teams whose
+	// subscriptions renew on other days give their own.
+	InvoiceClosesAt func(customer string, ts time.Time) time.Time
+	// MaxResendEvents bounds the events of one window an under-count
+	// correction re-sends (default DefaultUsageMaxResendEvents); a window
+	// with more is left to a person.
+	MaxResendEvents int
+}
+
+func (u UsageConfig) withDefaults() UsageConfig {
+	u.SettleDelay = cmp.Or(u.SettleDelay, DefaultUsageSettleDelay)
+	u.StableChecks = cmp.Or(u.StableChecks, DefaultUsageStableChecks)
+	u.HourlyFor = cmp.Or(u.HourlyFor, DefaultUsageHourlyFor)
+	u.Lookback = cmp.Or(u.Lookback, DefaultUsageLookback)
+	u.CustomerPage = cmp.Or(u.CustomerPage, DefaultUsageCustomerPage)
+	u.MaxCorrections = cmp.Or(u.MaxCorrections, DefaultUsageMaxCorrections)
+	u.MaxUnits = cmp.Or(u.MaxUnits, DefaultUsageMaxUnits)
+	u.MaxCorrections24h = cmp.Or(u.MaxCorrections24h, DefaultUsageMaxCorrections24h)
+	u.SafeWindow = cmp.Or(u.SafeWindow, meterledger.DefaultSafeWindow)
+	u.InvoiceGrace = cmp.Or(u.InvoiceGrace, DefaultUsageInvoiceGrace)
+	u.MaxResendEvents = cmp.Or(u.MaxResendEvents, DefaultUsageMaxResendEvents)
+	if u.InvoiceClosesAt == nil {
+		grace := u.InvoiceGrace
+		u.InvoiceClosesAt = func(_ string, ts time.Time) time.Time {
+			y, m, _ := ts.UTC().Date()
+			return time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC).Add(grace)
+		}
+	}
+	return u
+}
+
+// Validate reports settings the reconciliation cannot work with.
+func (u UsageConfig) Validate() error {
+	var errs []error
+	for name, d := range map[string]time.Duration{"Usage.SettleDelay": u.SettleDelay, "Usage.InvoiceGrace": u.InvoiceGrace} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
+		}
+	}
+	if u.HourlyFor != 0 && u.HourlyFor < 24*time.Hour {
+		errs = append(errs, fmt.Errorf("Usage.HourlyFor (--usage-hourly-for) must be at least 24h, got %s", u.HourlyFor))
+	}
+	if u.Lookback < 0 || u.Lookback > DefaultUsageLookback {
+		errs = append(errs, fmt.Errorf("Usage.Lookback must be at most %s (Stripe's 35 days), got %s", DefaultUsageLookback, u.Lookback))
+	}
+	if u.SettleDelay >= 24*time.Hour {
+		errs = append(errs, fmt.Errorf("Usage.SettleDelay (--usage-settle-delay) must be below 24h, got %s", u.SettleDelay))
+	}
+	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 {
+		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h and MaxResendEvents must not be negative (0 takes the default)"))
+	}
+	if u.SafeWindow < 0 || u.SafeWindow >= stripeapi.MeterIdentifierWindow {
+		errs = append(errs, fmt.Errorf("Usage.SafeWindow must be below Stripe's identifier window (%s), got %s", stripeapi.MeterIdentifierWindow, u.SafeWindow))
+	}
+	return errors.Join(errs...)
+}
+
+// UsageKind is what a usage finding says.
+type UsageKind string
+
+// The usage finding kinds.
+const (
+	// UsageOver: Stripe counts more than the ledger delivered (another
+	// sender, a re-send past the identifier window).
+	UsageOver UsageKind = "usage_over"
+	// UsageUnder: Stripe counts less (an event rejected after its 200).
+	UsageUnder UsageKind = "usage_under"
+)
+
+// UsageFinding is one row of usage_findings.
+type UsageFinding struct {
+	ID               int64     `json:"id"`
+	Kind             UsageKind `json:"kind"`
+	State            string    `json:"state"` // suspect, open, resolved, dismissed
+	EventName        string    `json:"event_name"`
+	MeterID          string    `json:"meter_id"`
+	StripeCustomerID string    `json:"stripe_customer_id"`
+	WindowStart      time.Time `json:"window_start"`
+	WindowEnd        time.Time `json:"window_end"`
+	// Measure is what was compared: "sum" (the meter's units) or "count"
+	// (events).
+	Measure     string `json:"measure"`
+	LedgerValue int64  `json:"ledger_value"`
+	StripeValue int64  `json:"stripe_value"`
+	Checks      int    `json:"checks"`
+	// Resolution says why a run resolved it; ManualAction the correction a
+	// person must make when pelguard may not make it.
+	Resolution   string `json:"resolution,omitempty"`
+	ManualAction string `json:"manual_action,omitempty"`
+	// New marks, in a run's report, a finding that became open in it.
+	New bool `json:"new,omitempty"`
+}
+
+// Delta is Stripe's value less the ledger's: positive for usage_over.
+func (f UsageFinding) Delta() int64 { return f.StripeValue - f.LedgerValue }
+
+// UsageReport is what one reconciliation run did.
+type UsageReport struct {
+	RunID int64 `json:"run_id"`
+	// Windows [DailyFrom, HourlyFrom) were compared per UTC day,
+	// [HourlyFrom, To) per hour.
+	DailyFrom  time.Time `json:"daily_from"`
+	HourlyFrom time.Time `json:"hourly_from"`
+	To         time.Time `json:"to"`
+	// Meters compared; Skipped says, per event name, why one was not.
+	Meters  []string          `json:"meters"`
+	Skipped map[string]string `json:"skipped,omitempty"`
+	// Customers counts the (meter, customer) pairs compared, Requests the
+	// summary requests made, WindowsCompared the windows with usage on
+	// either side.
+	Customers       int64 `json:"customers"`
+	Requests        int64 `json:"requests"`
+	WindowsCompared int64 `json:"windows_compared"`
+	// Suspect counts the differences not yet stable; Findings the open
+	// findings this run saw (New: opened by it); Resolved those it resolved.
+	Suspect  int            `json:"suspect"`
+	Findings []UsageFinding `json:"findings"`
+	Resolved []UsageFinding `json:"resolved,omitempty"`
+	// OpenFindings counts every open usage finding when the run ends
+	// (Findings lists the first 1,000); OpenByKind and DriftUnits split
+	// them by kind, DriftUnits as the sum of |Stripe − ledger|.
+	OpenFindings int                 `json:"open_findings"`
+	OpenByKind   map[UsageKind]int   `json:"open_by_kind,omitempty"`
+	DriftUnits   map[UsageKind]int64 `json:"drift_units,omitempty"`
+	// Corrections made (or finished) by this run, and the ones skipped.
+	Corrections []UsageCorrection `json:"corrections,omitempty"`
+	Duration    time.Duration     `json:"duration_ns"`
+
+	opened map[int64]bool // findings that became open in this run
+}
+
+// ErrUsageSpan: the run has no settled window to compare.
+var ErrUsageSpan = errors.New("no settled usage window to compare")
+
+// usageSpan is the run's windows: whole days [dailyFrom, hourlyFrom), hours
+// [hourlyFrom, to).
+type usageSpan struct{ dailyFrom, hourlyFrom, to time.Time }
+
+func (u UsageConfig) span(now time.Time) (usageSpan, error) {
+	now = now.UTC()
+	day := func(t time.Time) time.Time { return t.Truncate(24 * time.Hour) } // UTC midnight: Unix time has no leap seconds
+	s := usageSpan{to: now.Add(-u.SettleDelay).Truncate(time.Hour)}
+	s.hourlyFrom = minTime(day(now.Add(-u.HourlyFor)), day(s.to))
+	s.dailyFrom = minTime(day(now.Add(-u.Lookback)).Add(24*time.Hour), s.hourlyFrom)
+	if !s.dailyFrom.Before(s.to) {
+		return s, ErrUsageSpan
+	}
+	return s, nil
+}
+
+// ReconcileUsage compares Stripe's meter summaries with the ledger's
+// delivered totals (see the file's doc), stores and resolves usage
+// findings, alerts with the new ones and, with Usage.AutoCorrect, corrects
+// what Stripe allows. Runs are serialised by an advisory lock of their own
+// (ErrLocked past LockWait).
+func (a *Auditor) ReconcileUsage(ctx context.Context) (UsageReport, error) {
+	start := time.Now()
+	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockUsage, a.cfg.LockWait)
+	if err != nil {
+		return UsageReport{}, err
+	}
+	defer lock.release()
+	u := a.cfg.Usage
+	now := a.cfg.Clock.Now().UTC()
+	sp, err := u.span(now)
+	if err != nil {
+		return UsageReport{}, err
+	}
+	rep := UsageReport{DailyFrom: sp.dailyFrom, HourlyFrom: sp.hourlyFrom, To: sp.to, Skipped: map[string]string{}, opened: map[int64]bool{}}
+	if rep.RunID, err = a.store.startUsageRun(ctx, sp, now); err != nil {
+		return rep, err
+	}
+	runErr := a.reconcileUsage(ctx, sp, &rep)
+	rep.Duration = time.Since(start)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := a.store.finishUsageRun(fctx, rep, runErr, a.cfg.Clock.Now()); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		a.log.Error("usage reconciliation failed", slog.Int64("usage_run_id", rep.RunID), slog.Any("error", runErr))
+		return rep, fmt.Errorf("usage run %d: %w", rep.RunID, runErr)
+	}
+	a.log.Info("usage reconciliation finished", slog.Int64("usage_run_id", rep.RunID), slog.Int("meters", len(rep.Meters)),
+		slog.Int64("customers", rep.Customers), slog.Int64("requests", rep.Requests), slog.Int64("windows", rep.WindowsCompared),
+		slog.Int("suspect", rep.Suspect), slog.Int("open_findings", rep.OpenFindings), slog.Int("resolved", len(rep.Resolved)),
+		slog.Int("corrections", len(rep.Corrections)), slog.Duration("duration", rep.Duration))
+	a.alertUsage(rep)
+	return rep, nil
+}
+
+func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageReport) error {
+	if err := a.store.clearUsageStage(ctx, 0); err != nil { // a crashed run's scratch: we hold the lock
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := a.store.clearUsageStage(cctx, rep.RunID); err != nil {
+			a.log.Warn("usage stage left behind; the next run clears it", slog.Any("error", err))
+		}
+	}()
+	a.log.Debug("usage run started", slog.Int64("usage_run_id", rep.RunID), slog.Time("daily_from", sp.dailyFrom),
+		slog.Time("hourly_from", sp.hourlyFrom), slog.Time("to", sp.to))
+	staged, err := a.meters.StageWindowTotals(ctx, rep.RunID, sp.dailyFrom, sp.hourlyFrom, sp.to)
+	if err != nil {
+		return err
+	}
+	a.log.Debug("usage windows staged", slog.Int64("windows", staged))
+	if err := a.store.analyzeUsageStage(ctx); err != nil {
+		return err
+	}
+	names, err := a.store.stagedMeters(ctx, rep.RunID)
+	if err != nil {
+		return err
+	}
+	meters := map[string]stripeapi.Meter{}
+	if len(names) > 0 {
+		list, err := a.stripe.ListMeters(ctx)
+		if err != nil {
+			return fmt.Errorf("listing Stripe's meters: %w", err)
+		}
+		a.log.Debug("usage meters listed", slog.Int("meters", len(list)))
+		for _, m := range list {
+			if m.Status == "" || m.Status == "active" {
+				meters[m.EventName] = m
+			}
+		}
+	}
+	for _, name := range names {
+		m, ok := meters[name]
+		measure := ""
+		switch {
+		case !ok:
+			rep.Skipped[name] = "no active meter at Stripe has this event name"
+		case m.Formula == stripeapi.MeterFormulaSum:
+			measure = "sum"
+		case m.Formula == stripeapi.MeterFormulaCount:
+			measure = "count" // the meter counts events: the ledger's delivered events are compared
+		default:
+			rep.Skipped[name] = fmt.Sprintf("meter %s keeps the %s value of its events: a total is not defined, so it is not compared", m.ID, m.Formula)
+		}
+		if measure == "" {
+			a.log.Warn("usage meter not compared", slog.String("event_name", name), slog.String("why", rep.Skipped[name]))
+			continue
+		}
+		rep.Meters = append(rep.Meters, name)
+		if err := a.reconcileMeter(ctx, sp, m, measure, rep); err != nil {
+			return err
+		}
+	}
+	if a.cfg.Usage.AutoCorrect {
+		if err := a.correctUsage(ctx, rep); err != nil {
+			return err
+		}
+	} else if err := a.nameManualCorrections(ctx, rep); err != nil {
+		return err
+	}
+	if rep.Findings, err = a.store.UsageFindings(ctx, UsageFilter{State: "open"}); err != nil {
+		return err
+	}
+	for i := range rep.Findings {
+		rep.Findings[i].New = rep.opened[rep.Findings[i].ID]
+	}
+	if rep.OpenByKind, rep.DriftUnits, err = a.store.usageOpenTotals(ctx); err != nil {
+		return err
+	}
+	rep.OpenFindings = rep.OpenByKind[UsageOver] + rep.OpenByKind[UsageUnder]
+	return nil
+}
+
+// stagedWindow is one window of the stage: the ledger's side.
+type stagedWindow struct {
+	start, end time.Time
+	value      int64
+	events     int64
+}
+
+// customerResult is one (meter, customer) compared.
+type customerResult struct {
+	customer string
+	// ranges compared, each [from, to)
+	ranges   [][2]time.Time
+	diffs    []windowDiff
+	windows  int64
+	requests int64
+}
+
+type windowDiff struct {
+	start, end     time.Time
+	ledger, stripe int64
+}
+
+// reconcileMeter compares one meter, a page of customers at a time, the
+// customers of a page side by side (Config.Parallel), and stores each
+// page's observations in two statements.
+func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.Meter, measure string, rep *UsageReport) error {
+	after := ""
+	for {
+		page, err := a.store.usageStagePage(ctx, rep.RunID, m.EventName, after, a.cfg.Usage.CustomerPage)
+		if err != nil {
+			return err
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		a.log.Debug("usage customers read", slog.Int("customers", len(page)))
+		customers := make([]string, 0, len(page))
+		for c := range page {
+			customers = append(customers, c)
+		}
+		slices.Sort(customers)
+		after = customers[len(customers)-1]
+		results := make([]customerResult, len(customers))
+		errs := make([]error, len(customers))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, a.cfg.Parallel)
+		for i, c := range customers {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				t0 := time.Now()
+				results[i], errs[i] = a.compareCustomer(ctx, sp, m, measure, c, page[c])
+				a.log.Debug("usage customer compared", slog.String("customer", c), slog.Duration("took", time.Since(t0)))
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		for _, r := range results {
+			rep.Customers++
+			rep.Requests += r.requests
+			rep.WindowsCompared += r.windows
+		}
+		obs, err := a.store.observeUsage(ctx, rep.RunID, m, measure, results, a.cfg.Usage.StableChecks, a.cfg.Clock.Now())
+		if err != nil {
+			return err
+		}
+		rep.Suspect += obs.suspect
+		rep.Resolved = append(rep.Resolved, obs.resolved...)
+		for _, id := range obs.opened {
+			rep.opened[id] = true
+		}
+	}
+}
+
+// compareCustomer reads Stripe's summaries of one customer for the ranges
+// the ledger delivered in (one request each: the days, the hours) and
+// compares every window with usage on either side.
+func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi.Meter, measure, customer string, ws []stagedWindow) (customerResult, error) {
+	r := customerResult{customer: customer}
+	type rng struct {
+		from, to time.Time
+		window   stripeapi.MeterWindow
+	}
+	var rs []rng
+	for _, w := range ws {
+		if w.start.Before(sp.hourlyFrom) {
+			if len(rs) == 0 {
+				rs = append(rs, rng{sp.dailyFrom, sp.hourlyFrom, stripeapi.MeterWindowDay})
+			}
+		} else if len(rs) == 0 || rs[len(rs)-1].window != stripeapi.MeterWindowHour {
+			rs = append(rs, rng{sp.hourlyFrom, sp.to, stripeapi.MeterWindowHour})
+		}
+	}
+	for _, x := range rs {
+		sums, err := a.stripe.MeterEventSummaries(ctx, m.ID, customer, x.from, x.to, x.window)
+		r.requests++
+		if err != nil {
+			return r, fmt.Errorf("usage of %s on meter %s: %w", customer, m.EventName, err)
+		}
+		r.ranges = append(r.ranges, [2]time.Time{x.from, x.to})
+		stripeBy := make(map[time.Time]int64, len(sums))
+		for _, s := range sums {
+			stripeBy[s.Start.UTC()] = roundUnits(s.Value)
+		}
+		seen := map[time.Time]bool{}
+		for _, w := range ws {
+			if w.start.Before(x.from) || !w.start.Before(x.to) {
+				continue
+			}
+			seen[w.start] = true
+			led := w.value
+			if measure == "count" {
+				led = w.events
+			}
+			r.windows++
+			if st := stripeBy[w.start]; st != led {
+				r.diffs = append(r.diffs, windowDiff{start: w.start, end: w.end, ledger: led, stripe: st})
+			}
+		}
+		for _, s := range sums {
+			start := s.Start.UTC()
+			if seen[start] || stripeBy[start] == 0 {
+				continue
+			}
+			r.windows++
+			r.diffs = append(r.diffs, windowDiff{start: start, end: s.End.UTC(), stripe: stripeBy[start]})
+		}
+	}
+	return r, nil
+}
+
+// roundUnits turns Stripe's float aggregate into whole units (pelguard
+// sends integers; a float64 holds them exactly up to 2^53).
+func roundUnits(v float64) int64 {
+	if v < 0 {
+		return -int64(-v + 0.5)
+	}
+	return int64(v + 0.5)
+}
