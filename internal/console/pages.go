@@ -19,7 +19,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel", "usage"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

@@ -1,0 +1,69 @@
+package console
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The Usage page shows each usage finding with both totals, its difference
+// and its correction (sent, or left to a person), filtered by customer and
+// meter, open ones unless asked for all; texts are escaped and redacted.
+func TestUsagePageShowsFindingsAndCorrections(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	c := b.login(t, "alice")
+	if page := c.mustGet("/usage"); !strings.Contains(page, "No usage finding open") {
+		t.Fatalf("an empty reconciliation:\n%s", page)
+	}
+	var run int64
+	if err := b.pool.QueryRow(ctx, `INSERT INTO {schema}.usage_runs (started_at, finished_at, hourly_from, daily_from, compared_to)
+		VALUES ($1, $1, $1, $1, $1) RETURNING id`, now).Scan(&run); err != nil {
+		t.Fatal(err)
+	}
+	finding := func(cus, meter, kind, state string, start time.Time, ledgerV, stripeV int, manual string) int64 {
+		t.Helper()
+		var id int64
+		var resolved *time.Time
+		resolution := ""
+		if state == "resolved" {
+			resolved, resolution = &now, "the totals agree"
+		}
+		if err := b.pool.QueryRow(ctx, `INSERT INTO {schema}.usage_findings (event_name, meter_id, stripe_customer_id,
+				window_start, window_end, kind, state, measure, ledger_value, stripe_value, checks, first_seen_run_id,
+				last_seen_run_id, opened_at, resolved_at, resolution, manual_action, created_at, updated_at)
+			VALUES ($1, 'mtr_1', $2, $3, $4, $5, $6, 'sum', $7, $8, 2, $9, $9, $10, $11, nullif($12, ''), nullif($13, ''), $10, $10)
+			RETURNING id`, meter, cus, start, start.Add(time.Hour), kind, state, ledgerV, stripeV, run, now, resolved, resolution, manual).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	w := now.Add(-5 * time.Hour).Truncate(time.Hour)
+	over := finding("cus_A", "api_requests", "usage_over", "open", w, 40, 43, "")
+	finding("cus_B", "api_requests", "usage_under", "open", w.Add(-time.Hour), 10, 7, "the invoice is final: credit <b>3</b> api_requests units")
+	finding("cus_A", "storage_gb", "usage_over", "resolved", w.Add(-2*time.Hour), 5, 5, "")
+	if _, err := b.pool.Exec(ctx, `INSERT INTO {schema}.usage_corrections (finding_id, kind, identifier, event_name,
+			stripe_customer_id, window_start, window_end, units, event_ts, status, resend_until, source, recorded_at, sent_at, events_sent)
+		VALUES ($1, 'negative_event', 'pgc_1', 'api_requests', 'cus_A', $2, $3, -3, $2, 'sent', $4, 'auditor', $5, $5, 1)`,
+		over, w, w.Add(time.Hour), now.Add(23*time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	page := c.mustGet("/usage")
+	for _, want := range []string{"usage_over · open", "usage_under · open", ">40<", ">43<", ">3<", ">-3<",
+		"negative_event of -3 units: <b>sent</b>", "for a person:</span> the invoice is final: credit &lt;b&gt;3&lt;/b&gt; api_requests units"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the usage page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "storage_gb") {
+		t.Error("a resolved finding is shown without ?state=all")
+	}
+	if page := c.mustGet("/usage?state=all&meter=storage_gb"); !strings.Contains(page, "usage_over · resolved") || strings.Contains(page, "cus_B") {
+		t.Errorf("?state=all&meter=storage_gb:\n%s", page)
+	}
+	if page := c.mustGet("/usage?customer=cus_B"); !strings.Contains(page, "usage_under") || strings.Contains(page, "negative_event") {
+		t.Errorf("?customer=cus_B:\n%s", page)
+	}
+}
