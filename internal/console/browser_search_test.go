@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -41,13 +42,29 @@ func TestBrowserSearchWalk(t *testing.T) {
 	}
 	search := func(q string, wait string) {
 		t.Helper()
-		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(document.querySelector('header input[name=q]').value = '') === ''`)); err != nil {
+		// Mark this document, so the wait below is for the next one: the
+		// element waited for may be on this page too.
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(window.pelguardLeaving = true) &&
+			(document.querySelector('header input[name=q]').value = '') === ''`)); err != nil {
 			t.Fatal(err)
 		}
-		if err := chromedp.Do(ctx,
-			chromedp.SendKeys(chromedp.CSS(`header input[name=q]`), q+kb.Enter),
-			chromedp.WaitVisible(chromedp.CSS(wait)),
-		); err != nil {
+		if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`header input[name=q]`), q+kb.Enter)); err != nil {
+			t.Fatalf("searching %q: %v", q, err)
+		}
+		// The next document, loaded (an evaluation during the navigation
+		// fails: try again).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			loaded, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pelguardLeaving === undefined && document.readyState === 'complete'`))
+			if err == nil && loaded {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("searching %q: no new page after 30 s (%v)", q, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(wait))); err != nil {
 			t.Fatalf("searching %q: %v", q, err)
 		}
 	}
