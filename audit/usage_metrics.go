@@ -8,7 +8,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 )
 
-// usageMetrics are the reconciliation's series (pelguard_usage_*), part of
+// usageMetrics are the reconciliation's series (pelguard_auditor_usage_*), part of
 // Metrics.
 type usageMetrics struct {
 	runs        *prometheus.CounterVec
@@ -22,27 +22,27 @@ type usageMetrics struct {
 func newUsageMetrics() usageMetrics {
 	m := usageMetrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pelguard_usage_runs_total",
+			Name: "pelguard_auditor_usage_runs_total",
 			Help: "Usage reconciliation runs, by result (clean, findings, locked, empty, error).",
 		}, []string{"result"}),
 		windows: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pelguard_usage_windows_compared_total",
+			Name: "pelguard_auditor_usage_windows_compared_total",
 			Help: "Meter windows (customer, meter, hour or day) whose Stripe summary was compared with the ledger.",
 		}),
 		requests: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pelguard_usage_summary_requests_total",
+			Name: "pelguard_auditor_usage_summary_requests_total",
 			Help: "Meter event summary requests the usage reconciliation made.",
 		}),
 		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pelguard_usage_open_findings",
+			Name: "pelguard_auditor_usage_open_findings",
 			Help: "Open usage findings after the last reconciliation run, by kind (usage_over, usage_under).",
 		}, []string{"kind"}),
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pelguard_usage_drift_units",
+			Name: "pelguard_auditor_usage_drift_units",
 			Help: "Units (events, for count meters) by which Stripe's meter totals differ from the ledger over the open usage findings, by kind.",
 		}, []string{"kind"}),
 		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pelguard_usage_corrections_total",
+			Name: "pelguard_auditor_usage_corrections_total",
 			Help: "Usage corrections handled by the reconciliation, by kind (negative_event, resend) and status (sent, recorded, failed, unknown, skipped).",
 		}, []string{"kind", "status"}),
 	}

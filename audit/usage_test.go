@@ -368,7 +368,7 @@ func TestUsageScheduled(t *testing.T) {
 		t.Fatalf("want one usage run with one open finding, got %+v", got)
 	}
 	if v := testutil.ToFloat64(metrics.usage.drift.WithLabelValues(string(UsageOver))); v != 3 {
-		t.Fatalf("pelguard_usage_drift_units{kind=usage_over} = %v, want 3", v)
+		t.Fatalf("pelguard_auditor_usage_drift_units{kind=usage_over} = %v, want 3", v)
 	}
 	if m := got[0].Findings[0].ManualAction; !strings.Contains(m, "value -3") || !strings.Contains(m, "would do") {
 		t.Fatalf("without auto-correct the finding names the correction: %q", m)
