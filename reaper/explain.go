@@ -46,6 +46,11 @@ type RowState struct {
 	// LeaseLive: the lease is held at the decision's clock.
 	LeaseLive bool
 	Attempts  int
+	// Meter and Units: a meter event's row (a meter stream): the meter's
+	// event name and the event's value; CustomerID is then the Stripe
+	// customer and the charge fields are empty.
+	Meter string
+	Units int64
 }
 
 // Policy is the part of the Config a decision depends on, as this reaper
@@ -71,6 +76,11 @@ func (r *Reaper) Policy() Policy {
 // entries' idle times (Due says which a pass would consider). It is safe
 // for concurrent use and beside passes: it keeps no state in r.
 func (r *Reaper) Explain(ctx context.Context, stream string, pend []redis.XPendingExt) ([]Explanation, error) {
+	for _, ms := range r.meters {
+		if ms.Stream == stream {
+			return r.explainMeter(ctx, ms, pend)
+		}
+	}
 	var sg StreamGroup
 	for _, st := range r.streams {
 		if st.Stream == stream {

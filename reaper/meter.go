@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -165,7 +166,6 @@ func (r *Reaper) reapMeterStream(ctx, workCtx context.Context, ms *meterStream, 
 func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend []redis.XPendingExt, p *pass, wg *sync.WaitGroup) error {
 	now := r.cfg.Clock.Now()
 	entries := make([]*entry, 0, len(pend))
-	inputs := make([]meterInput, 0, len(pend))
 	for _, pe := range pend {
 		if r.isInFlight(ms.Stream, pe.ID) {
 			r.record(p, r.decision(ms.streamState, pe, decideMeterEntry(meterInput{Pending: pe, InFlight: true})))
@@ -176,10 +176,45 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 	if len(entries) == 0 {
 		return nil
 	}
-	bodies, err := r.bodies(ctx, ms.streamState, entries)
+	inputs, err := r.meterInputs(ctx, ms, entries, now)
 	if err != nil {
 		return err
 	}
+	var acks []Decision
+	var dead []deadLetter
+	var claims []*entry
+	for i, e := range entries {
+		e.v = decideMeterEntry(inputs[i])
+		d := r.decision(ms.streamState, e.pe, e.v)
+		switch e.v.Kind {
+		case KindGone, KindAlreadyBilled:
+			acks = append(acks, d)
+		case KindInvalid, KindConflict:
+			dead = append(dead, deadLetter{d: d, msg: e.msg, detail: e.v.Detail})
+		case KindClaim:
+			claims = append(claims, e)
+		default: // KindLeaseLive
+			r.record(p, d)
+		}
+	}
+	if err := r.ackAll(ctx, ms.streamState, acks, p); err != nil {
+		return err
+	}
+	if err := r.deadLetterAll(ctx, ms.streamState, dead, p); err != nil {
+		return err
+	}
+	return r.claimMeters(ctx, workCtx, ms, claims, p, wg)
+}
+
+// meterInputs reads what decideMeterEntry needs for entries (in id
+// order): their bodies in one range read, parsed, and their rows in
+// meter_events in one query.
+func (r *Reaper) meterInputs(ctx context.Context, ms *meterStream, entries []*entry, now time.Time) ([]meterInput, error) {
+	bodies, err := r.bodies(ctx, ms.streamState, entries)
+	if err != nil {
+		return nil, err
+	}
+	inputs := make([]meterInput, 0, len(entries))
 	var keys []meterledger.Key
 	var keyed []int // index into inputs of each key
 	for _, e := range entries {
@@ -206,35 +241,55 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 	}
 	recs, found, err := r.meterLedger.Lookup(ctx, keys)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i, at := range keyed {
 		inputs[at].Row, inputs[at].HasRow = recs[i], found[i]
 	}
-	var acks []Decision
-	var dead []deadLetter
-	var claims []*entry
+	return inputs, nil
+}
+
+// explainMeter is Explain for a meter stream: meterInputs and
+// decideMeterEntry, acting on nothing.
+func (r *Reaper) explainMeter(ctx context.Context, ms *meterStream, pend []redis.XPendingExt) ([]Explanation, error) {
+	if len(pend) == 0 {
+		return nil, nil
+	}
+	now := r.cfg.Clock.Now()
+	items := make([]entry, len(pend))
+	entries := make([]*entry, len(pend))
+	for i, pe := range pend {
+		items[i].pe = pe
+		entries[i] = &items[i]
+	}
+	// XRANGE over the span needs the page in id order.
+	sorted := append([]*entry(nil), entries...)
+	slices.SortFunc(sorted, func(a, b *entry) int { return compareIDs(a.pe.ID, b.pe.ID) })
+	inputs, err := r.meterInputs(ctx, ms, sorted, now)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]meterInput, len(inputs))
+	for _, in := range inputs {
+		byID[in.Pending.ID] = in
+	}
+	out := make([]Explanation, len(entries))
 	for i, e := range entries {
-		e.v = decideMeterEntry(inputs[i])
-		d := r.decision(ms.streamState, e.pe, e.v)
-		switch e.v.Kind {
-		case KindGone, KindAlreadyBilled:
-			acks = append(acks, d)
-		case KindInvalid, KindConflict:
-			dead = append(dead, deadLetter{d: d, msg: e.msg, detail: e.v.Detail})
-		case KindClaim:
-			claims = append(claims, e)
-		default: // KindLeaseLive
-			r.record(p, d)
+		in := byID[e.pe.ID]
+		in.InFlight = r.isInFlight(ms.Stream, e.pe.ID)
+		v := decideMeterEntry(in)
+		d := r.decision(ms.streamState, e.pe, v)
+		d.Time, d.DryRun = now, true
+		// Liveness plays no part in a meter verdict: the ledger's lease does.
+		x := Explanation{Decision: d, Detail: v.Detail, Due: e.pe.Idle >= r.cfg.MinIdle, Registered: true}
+		if in.HasRow {
+			rec := in.Row
+			x.Row = &RowState{CustomerID: rec.StripeCustomerID, Status: string(rec.Status), Meter: rec.EventName, Units: rec.Value,
+				LeaseOwner: rec.LeaseOwner, LeaseExpiresAt: rec.LeaseExpiresAt, LeaseLive: rec.LeaseLive(now), Attempts: rec.Attempts}
 		}
+		out[i] = x
 	}
-	if err := r.ackAll(ctx, ms.streamState, acks, p); err != nil {
-		return err
-	}
-	if err := r.deadLetterAll(ctx, ms.streamState, dead, p); err != nil {
-		return err
-	}
-	return r.claimMeters(ctx, workCtx, ms, claims, p, wg)
+	return out, nil
 }
 
 // claimMeters claims entries with the min-idle fence in one XCLAIM and

@@ -282,3 +282,64 @@ func TestReaperMeterDryRunChangesNothing(t *testing.T) {
 		t.Fatalf("pending %+v: want both left with %s", p, deadName)
 	}
 }
+
+// Explain on a meter stream decides each entry as a dry-run pass does,
+// from the same ledger and clock, and changes nothing.
+func TestExplainMeterStreamDecidesAsADryRunPass(t *testing.T) {
+	t.Parallel()
+	b := meterSetup(t)
+	l := b.meterLedger(t)
+	ctx := context.Background()
+	now := b.clk.Now()
+	delivered, live, fresh := usage(5, 1, now.Add(-time.Minute)), usage(5, 2, now.Add(-time.Minute)), usage(6, 3, now.Add(-time.Minute))
+	b.addUsage(t, delivered, live, fresh)
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": `{"event_name":"api_requests","value":"x"}`}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := b.read(t, deadName, 10)
+	for _, x := range []struct {
+		e     event.MeterEvent
+		owner string
+		lease time.Duration
+	}{{delivered, deadName, time.Second}, {live, "slow-consumer", time.Hour}} {
+		claims, err := l.Reserve(ctx, []meterledger.Request{{Event: x.e, Identifier: x.e.Identifier(testNamespace), Owner: x.owner, Lease: x.lease}})
+		if err != nil || !claims[0].Decision.MaySend() {
+			t.Fatalf("reserve: %+v %v", claims, err)
+		}
+		if x.e == delivered {
+			if _, err := l.Finish(ctx, []meterledger.Outcome{{Hold: claims[0].Hold(), Result: meterledger.Delivered}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b.waitIdle(t, len(msgs), time.Millisecond)
+	cfg := b.meterConfig(t)
+	cfg.DryRun, cfg.MeterStripe = true, nil
+	r := b.newReaper(t, cfg)
+	pend := b.pending(t)
+	xs, err := r.Explain(ctx, b.stream, pend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pass := map[string]reaper.Kind{}
+	b.mu.Lock()
+	for _, d := range b.decisions {
+		pass[d.ID] = d.Kind
+	}
+	b.mu.Unlock()
+	want := []reaper.Kind{reaper.KindAlreadyBilled, reaper.KindLeaseLive, reaper.KindClaim, reaper.KindInvalid}
+	for i, x := range xs {
+		if x.Decision.Kind != want[i] || pass[x.Decision.ID] != x.Decision.Kind {
+			t.Errorf("entry %d (%s): explained %s, the dry-run pass %s, want %s", i, x.Decision.ID, x.Decision.Kind, pass[x.Decision.ID], want[i])
+		}
+	}
+	if row := xs[0].Row; row == nil || row.Meter != testMeter || row.Units != delivered.Value || row.Status != "delivered" {
+		t.Errorf("the delivered entry's row %+v", row)
+	}
+	if after := b.pending(t); len(after) != len(pend) {
+		t.Errorf("%d pending after Explain and a dry run, %d before", len(after), len(pend))
+	}
+}

@@ -57,7 +57,12 @@ const (
 const KindConsoleAction alerts.Kind = "console_action"
 
 // Stream is a stream the console shows and its consumer group.
-type Stream struct{ Name, Group string }
+type Stream struct {
+	Name, Group string
+	// Meter: a meter-event stream (pelguard-consumer meter-events): the PEL
+	// page judges it against the meter ledger.
+	Meter bool
+}
 
 // Config configures a Server.
 type Config struct {

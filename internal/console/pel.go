@@ -30,20 +30,27 @@ type ReaperPolicy struct {
 	Rules            event.Rules
 	ExternalLedger   string
 	ExternalMaxCall  time.Duration
+	// Namespace is the meter consumers' (in every meter event's
+	// identifier), for meter streams; default consumer.DefaultNamespace.
+	Namespace string
 }
 
 // newExplainer is a dry-run reaper over the console's streams: never
 // started, never passing, asked only for Explain. A dry run makes no
 // Stripe call and writes nothing.
 func newExplainer(cfg Config) (*reaper.Reaper, error) {
-	var sgs []reaper.StreamGroup
+	var sgs, meters []reaper.StreamGroup
 	for _, st := range cfg.Streams {
-		sgs = append(sgs, reaper.StreamGroup{Stream: st.Name, Group: st.Group})
+		if st.Meter {
+			meters = append(meters, reaper.StreamGroup{Stream: st.Name, Group: st.Group})
+		} else {
+			sgs = append(sgs, reaper.StreamGroup{Stream: st.Name, Group: st.Group})
+		}
 	}
 	p := cfg.Reaper
-	r, err := reaper.New(reaper.Config{Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Streams: sgs, DryRun: true,
+	r, err := reaper.New(reaper.Config{Redis: cfg.Redis, DB: cfg.DB, Schema: cfg.Schema, Streams: sgs, MeterStreams: meters, DryRun: true,
 		Name: "console-explain", MinIdle: p.MinIdle, MaxDeliveries: p.MaxDeliveries, StoppedConsumers: p.StoppedConsumers,
-		Rules: p.Rules, ExternalLedger: p.ExternalLedger, ExternalMaxCall: p.ExternalMaxCall,
+		Rules: p.Rules, ExternalLedger: p.ExternalLedger, ExternalMaxCall: p.ExternalMaxCall, Namespace: p.Namespace,
 		Lease:  time.Hour, // only for New's heartbeat warning: a dry run holds nothing
 		Logger: slog.New(slog.DiscardHandler), Clock: cfg.Clock})
 	if err != nil {

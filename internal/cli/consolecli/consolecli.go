@@ -85,6 +85,7 @@ type ServeOptions struct {
 
 	RedisURL, DatabaseURL, Schema string
 	Streams                       cli.Streams
+	MeterStreams                  cli.Streams
 	Group                         string
 	WaitForDeps                   time.Duration
 	ShutdownTimeout               time.Duration
@@ -97,7 +98,8 @@ type ServeOptions struct {
 	Live                          LiveOptions
 
 	proxies []netip.Prefix
-	streams []cli.StreamGroup
+	streams      []cli.StreamGroup
+	meterStreams []cli.StreamGroup
 }
 
 type listFlag []string
@@ -124,6 +126,8 @@ func (o *ServeOptions) register(fs *flag.FlagSet) {
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "show")
+	fs.Var(&o.MeterStreams, "meter-stream", "meter-event stream to show (the streams of pelguard-consumer meter-events), repeatable: name (with --group) or name=group;\n"+
+		"its PEL page judges entries against the meter ledger")
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long requests in flight (an action) may take")
 	fs.Int64Var(&o.MaxRefundCents, "max-refund-cents", audit.DefaultMaxCents, "most minor units one console refund refunds")
@@ -185,6 +189,11 @@ func (o *ServeOptions) Validate() error {
 	if o.streams, err = o.Streams.Resolve(o.Group); err != nil {
 		return err
 	}
+	if len(o.MeterStreams) > 0 {
+		if o.meterStreams, err = o.MeterStreams.Resolve(o.Group); err != nil {
+			return fmt.Errorf("--meter-stream: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -236,6 +245,9 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	}
 	for _, sg := range o.streams {
 		cfg.Streams = append(cfg.Streams, console.Stream{Name: sg.Stream, Group: sg.Group})
+	}
+	for _, sg := range o.meterStreams {
+		cfg.Streams = append(cfg.Streams, console.Stream{Name: sg.Stream, Group: sg.Group, Meter: true})
 	}
 	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
 		return err

@@ -2,6 +2,7 @@ package consolecli
 
 import (
 	"flag"
+	"github.com/pelguard/pelguard/consumer"
 	"net/url"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ type LiveOptions struct {
 	ExternalMaxCall     time.Duration
 	Refresh             time.Duration
 	PrometheusURL       string
+	Namespace           string
 }
 
 func (o *LiveOptions) register(fs *flag.FlagSet) {
@@ -35,6 +37,7 @@ func (o *LiveOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.StrictFields, "strict-fields", false, "the reaper's --strict-fields, for the PEL page's verdicts")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "the reaper's --external-ledger, for the PEL page's verdicts [PELGUARD_EXTERNAL_LEDGER]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "the reaper's --external-max-call, with --external-ledger [PELGUARD_EXTERNAL_MAX_CALL]")
+	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "the meter consumers' --namespace (part of every meter event's identifier), for the PEL page's verdicts on --meter-stream [PELGUARD_NAMESPACE]")
 	fs.DurationVar(&o.Refresh, "refresh", console.DefaultRefresh, "how often the overview and the PEL page reload themselves; 0 never")
 	fs.StringVar(&o.PrometheusURL, "prometheus-url", cli.Env("PELGUARD_PROMETHEUS_URL", ""), "Prometheus's base URL (http://prometheus:9090): the overview then shows the fleet's Stripe limiter (rate by role, waits, 429s) [PELGUARD_PROMETHEUS_URL]")
 }
@@ -68,7 +71,7 @@ func (o *LiveOptions) apply(cfg *console.Config) {
 	}
 	cfg.Reaper = console.ReaperPolicy{MinIdle: o.ReaperMinIdle, MaxDeliveries: o.ReaperMaxDeliveries, StoppedConsumers: stopped,
 		Rules: event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields}, ExternalLedger: o.ExternalLedger,
-		ExternalMaxCall: o.ExternalMaxCall}
+		ExternalMaxCall: o.ExternalMaxCall, Namespace: o.Namespace}
 	cfg.Refresh = o.Refresh
 	if o.Refresh == 0 {
 		cfg.Refresh = -1

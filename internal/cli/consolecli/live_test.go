@@ -27,6 +27,7 @@ func TestServeRefusesBadLiveFlags(t *testing.T) {
 		{[]string{"--reaper-max-deliveries", "0"}, "give the reaper's --max-deliveries"},
 		{[]string{"--refresh", "-1s"}, "0 turns it off"},
 		{[]string{"--prometheus-url", "prometheus:9090"}, "want Prometheus's base URL"},
+		{[]string{"--meter-stream", "=meters"}, "--meter-stream"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := Main(context.Background(), append([]string{"serve", "--users-file", users}, tc.args...), &stdout, &stderr)
