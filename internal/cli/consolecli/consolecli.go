@@ -97,7 +97,7 @@ type ServeOptions struct {
 	Slack                         cli.Slack
 	Live                          LiveOptions
 
-	proxies []netip.Prefix
+	proxies      []netip.Prefix
 	streams      []cli.StreamGroup
 	meterStreams []cli.StreamGroup
 }
