@@ -248,6 +248,9 @@ type pendingMsg struct {
 	req   meterledger.Request
 	claim meterledger.Claim
 	out   meterledger.Outcome
+	// keyErr: Stripe refused the key itself (401, or 403 for a missing
+	// permission); out is Failed, so a replay reopens the row.
+	keyErr error
 }
 
 // ProcessBatch handles entries of the stream (new, redelivered or
@@ -368,6 +371,12 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			b.Delivered++
 			acks = append(acks, it.msg.ID)
 			c.count(&b, it.msg.ID, OutcomeDelivered)
+		case it.out.Result == meterledger.Failed && it.keyErr != nil:
+			// Nothing was counted; one alert per key problem (deduplicated
+			// by its fingerprint), and a replay once the key is fixed.
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonStripeKey, Detail: it.out.Reason})
+			c.cfg.Notifier.Notify(alerts.StripeKeyRejected(it.keyErr))
+			c.count(&b, it.msg.ID, OutcomeFailed)
 		case it.out.Result == meterledger.Failed:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
 			c.count(&b, it.msg.ID, OutcomeFailed)
@@ -415,6 +424,9 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 				StripeCustomerID: r.Event.StripeCustomerID, Value: r.Event.Value, Identifier: r.Identifier, Timestamp: r.Event.Timestamp})
 			c.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
 			it.out = meterOutcome(it.claim.Hold(), err)
+			if errors.Is(err, stripeapi.ErrAuthentication) || errors.Is(err, stripeapi.ErrPermission) {
+				it.keyErr = err
+			}
 			if it.out.Result == meterledger.Release && !rateLimited(err) {
 				// Sent again on its next delivery; say why, or a bad key
 				// or a Stripe outage looks like a stalled stream.
@@ -443,7 +455,11 @@ func meterOutcome(h meterledger.Hold, err error) meterledger.Outcome {
 		out.Result = meterledger.Delivered
 	case errors.Is(err, stripeapi.ErrIdempotencyMismatch):
 		out.Result, out.Reason = meterledger.Park, "Stripe has this identifier with other parameters: "+err.Error()
-	case errors.Is(err, stripeapi.ErrInvalidRequest):
+	case errors.Is(err, stripeapi.ErrInvalidRequest),
+		// The key itself refused (401, or 403 for a missing permission):
+		// Stripe counted nothing. Failed (not released: the safe window
+		// would run out while the key is fixed), so a replay reopens it.
+		errors.Is(err, stripeapi.ErrAuthentication), errors.Is(err, stripeapi.ErrPermission):
 		out.Result, out.Reason = meterledger.Failed, err.Error()
 	default: // transient, a timeout, a cancelled call: unknown outcome
 		out.Result = meterledger.Release

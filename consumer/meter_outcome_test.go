@@ -29,8 +29,8 @@ func TestMeterOutcome(t *testing.T) {
 		{"500", &stripeapi.Error{Kind: stripeapi.ErrTransient, HTTPStatus: 500}, meterledger.Release},
 		{"timeout", fmt.Errorf("sending: %w", context.DeadlineExceeded), meterledger.Release},
 		{"cancelled", context.Canceled, meterledger.Release},
-		{"401 (nothing sent, but a key an operator must fix)", &stripeapi.Error{Kind: stripeapi.ErrAuthentication, HTTPStatus: 401}, meterledger.Release},
-		{"403", &stripeapi.Error{Kind: stripeapi.ErrPermission, HTTPStatus: 403}, meterledger.Release},
+		{"401: nothing counted, a key to fix, then a replay", &stripeapi.Error{Kind: stripeapi.ErrAuthentication, HTTPStatus: 401}, meterledger.Failed},
+		{"403: a permission missing", &stripeapi.Error{Kind: stripeapi.ErrPermission, HTTPStatus: 403}, meterledger.Failed},
 		{"unknown", errors.New("eof"), meterledger.Release},
 	} {
 		if got := meterOutcome(meterledger.Hold{}, tc.err); got.Result != tc.want {

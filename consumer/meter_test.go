@@ -10,10 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 const meterName = "api_requests"
@@ -261,4 +263,47 @@ func TestMeterRefusedEventIsSentOnReplay(t *testing.T) {
 	if err != nil || twice.Already != 1 || b.sim.MeterEventCounts().Recorded != 1 {
 		t.Fatalf("second replay %+v %v, %+v: want acked as delivered", twice, err, b.sim.MeterEventCounts())
 	}
+}
+
+// A key Stripe refuses (401) counts nothing: the event is dead-lettered
+// with stripe_key_error and one alert, not retried in a loop; replayed once
+// the key is fixed, it is counted once.
+func TestMeterEventWithARefusedKeyIsSentOnReplay(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	bad, err := stripeapi.New(stripeapi.Config{APIKey: "rk_test_revoked", BaseURL: b.sim.URL(), MaxNetworkRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := alerts.NewMemory()
+	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
+		Stripe: bad, Stream: b.stream, Group: b.group, Name: "m-a", Namespace: "test", Notifier: mem, Clock: b.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := meterEvent(8, 8, now.Add(-time.Minute))
+	b.addMeter(t, e)
+	ctx := context.Background()
+	got, err := c.ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || got.DeadLetters != 1 || b.sim.MeterEventCounts().Recorded != 0 {
+		t.Fatalf("with a revoked key: %+v %v, %+v", got, err, b.sim.MeterEventCounts())
+	}
+	dl, err := b.rdb.XRange(ctx, consumer.DeadLetterStream(b.stream), "-", "+").Result()
+	if err != nil || len(dl) != 1 || dl[0].Values["reason"] != consumer.ReasonStripeKey {
+		t.Fatalf("dead letters %v %v: want one %s", dl, err, consumer.ReasonStripeKey)
+	}
+	if n := len(mem.Alerts()); n != 1 {
+		t.Fatalf("%d alerts, want 1", n)
+	}
+	// The key is fixed; the operator replays.
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": e.Payload(),
+		consumer.ReplayedFromField: dl[0].ID}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replayed, err := b.meterConsumer(t, "m-a").ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || replayed.Delivered != 1 {
+		t.Fatalf("replay %+v %v", replayed, err)
+	}
+	b.assertMeterTotals(t, sums([]event.MeterEvent{e}))
 }
