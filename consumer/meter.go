@@ -180,9 +180,10 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 			}
 		}
 		mu.Unlock()
+		drained := own == ">" && len(msgs) == 0
 		if own == "0" {
 			// Our PEL is read once per turn; what a batch leaves comes back
-			// on the next turn, half a second on.
+			// on the next turn.
 			own, lastOwn = ">", time.Now()
 		}
 		if len(msgs) == 0 {
@@ -204,8 +205,10 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 			}()
 		}
 		// Entries left pending (a slot taken, a transient error) are
-		// ours: go back to them every half second.
-		if time.Since(lastOwn) > 500*time.Millisecond {
+		// ours: go back to them every half second while new ones come,
+		// every ownRevisitIdle once the stream has none (a customer's
+		// last events then follow each other at the pace of its calls).
+		if since := time.Since(lastOwn); since > 500*time.Millisecond || drained && since > ownRevisitIdle {
 			own = "0"
 		}
 		if time.Since(maintained) > time.Hour {
@@ -215,6 +218,10 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ownRevisitIdle is how soon Run reads its own pending entries again
+// once the stream has nothing new.
+const ownRevisitIdle = 50 * time.Millisecond
 
 // maintain makes the coming days' partitions and drops those Stripe would
 // no longer take events for (older than 36 days): hourly, from every
