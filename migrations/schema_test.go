@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pelguard/pelguard/internal/testkit/teamsys"
@@ -81,6 +82,21 @@ func TestMigrationsNeverTouchTheTeamsTables(t *testing.T) {
 		if !strings.Contains(after, pel+"."+tbl+":r:") && !strings.Contains(after, pel+"."+tbl+":p:") {
 			t.Fatalf("%s.%s missing after up:\n%s", pel, tbl, after)
 		}
+	}
+	// Every table the migrations make is listed, or `migrate move` would
+	// leave it behind (partitions move with their table).
+	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1`, pel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := slices.Sorted(slices.Values(migrations.Tables))
+	if !slices.Equal(made, listed) {
+		t.Fatalf("the migrations make tables %v; migrations.Tables lists %v", made, listed)
 	}
 	if st, _ := migrations.Check(ctx, pool, pel); st.Err("consumer") != nil {
 		t.Fatalf("after up: %v", st.Err("consumer"))
