@@ -11,8 +11,8 @@
 -- statement, and only while the cap allows it; a Failed outcome (Stripe
 -- refused the event: it counts nothing) takes it back in the statement that
 -- records it. One row per customer and month: a few bytes per customer, not
--- per event. Rows whose month ended 13 months ago are pruned with the
--- partitions.
+-- per event. The current month's and the 12 before are kept; older ones are
+-- pruned with the partitions.
 --
 -- meter_caps: the caps. stripe_customer_id '*' is every customer of the
 -- meter without a cap of its own (each customer counted separately), month

@@ -60,11 +60,16 @@ const (
 	// epoch and the slot, its safe window starting now. For a parked event
 	// the replay is the person's word that Stripe does not have it.
 	Reopened
+	// OverCap: the event would pass the meter's spend cap for its customer
+	// and month (meter_caps): nothing written, nothing sent. Dead-letter it
+	// (reason spend_cap) with an alert; once the cap is raised, a replay
+	// sends it. Claim.Cap says which cap and how much was used.
+	OverCap
 )
 
 var decisionNames = map[Decision]string{Acquired: "acquired", TakenOver: "taken_over", AlreadyDelivered: "already_delivered",
 	AlreadyTerminal: "already_terminal", Busy: "busy", SlotBusy: "slot_busy", Parked: "parked", Held: "held",
-	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened"}
+	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened", OverCap: "over_cap"}
 
 func (d Decision) String() string {
 	if s, ok := decisionNames[d]; ok {
@@ -97,8 +102,12 @@ type Claim struct {
 	// Record is the row as it now stands (zero when there is none: Held,
 	// OutsideWindow, SlotBusy or Busy on a new event).
 	Record Record
-	// Reason explains Parked, Held, OutsideWindow, Conflict, Busy and SlotBusy.
-	Reason    string
+	// Reason explains Parked, Held, OutsideWindow, Conflict, OverCap, Busy
+	// and SlotBusy.
+	Reason string
+	// Cap is the cap that refused the event and the customer's use of the
+	// meter that month (OverCap only).
+	Cap       CapState
 	slotToken int64
 }
 
@@ -190,6 +199,19 @@ type item struct {
 	op      op
 	newTok  int64 // the slot grant this send makes
 	freeTok int64 // the stale grant this call frees (0: none)
+	// use is the customer's use of the meter in the event's month as read,
+	// with the cap that applies when capped.
+	use     CapState
+	capped  bool
+	counted bool // the write statement added the event to use
+}
+
+// counts reports whether the send adds the event to its customer's use of
+// the meter: a new row, or a replay of one Stripe refused (failed rows do
+// not count; parked ones still do, as Stripe may have them).
+func (it *item) counts() bool {
+	d := it.claim.Decision
+	return d == Acquired || d == Reopened && it.row != nil && it.row.Status == StatusFailed
 }
 
 type slotKey struct{ customer, meter string }

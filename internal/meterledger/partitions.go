@@ -162,7 +162,9 @@ func (l *Ledger) ensure(ctx context.Context, from, to time.Time) ([]string, erro
 // Prune drops the daily partitions that end before now - Retention (every
 // event in them is older than Stripe takes) and returns their names. A
 // drop is a file unlink, not a DELETE: it costs the same for any number of
-// rows and leaves nothing to vacuum.
+// rows and leaves nothing to vacuum. It also deletes the per-customer
+// monthly counts (meter_usage) older than the current month and the 12
+// before it.
 func (l *Ledger) Prune(ctx context.Context, now time.Time) ([]string, error) {
 	have, err := l.Partitions(ctx)
 	if err != nil {
@@ -182,6 +184,9 @@ func (l *Ledger) Prune(ctx context.Context, now time.Time) ([]string, error) {
 			return dropped, fmt.Errorf("dropping partition %s: %w", p.Name, err)
 		}
 		dropped = append(dropped, p.Name)
+	}
+	if _, err := l.pruneUsage(ctx, now); err != nil {
+		return dropped, err
 	}
 	return dropped, nil
 }

@@ -104,6 +104,10 @@ func (l *Ledger) decide(now time.Time, items []*item) {
 		if it.row != nil {
 			it.claim.Record = *it.row
 		}
+		if it.capped && it.counts() && !it.use.Cap.Allows(it.use.Units, it.use.Events, it.req.Event.Value) {
+			it.claim = Claim{Decision: OverCap, Record: it.claim.Record, Cap: it.use,
+				Reason: capReason(it.use, it.req.Event.StripeCustomerID, it.req.Event.Value)}
+		}
 	}
 	plan(now, items, newToken)
 }
@@ -126,10 +130,14 @@ func (l *Ledger) read(ctx context.Context, reqs []Request) ([]*item, error) {
 		ts[i], ids[i], scs[i], names[i] = items[i].key.EventTS, r.Identifier, r.Event.StripeCustomerID, r.Event.EventName
 	}
 	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+`,
-			coalesce(s.identifier, ''), coalesce(s.owner, ''), s.expires_at, coalesce(s.token, 0), r.i
+			coalesce(s.identifier, ''), coalesce(s.owner, ''), s.expires_at, coalesce(s.token, 0), r.i,
+			coalesce(u.units, 0), coalesce(u.events, 0), c.stripe_customer_id, c.month, c.cap, c.counts
 		FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS r(ts, id, sc, name, i)
 		LEFT JOIN {schema}.meter_events m ON m.event_ts = r.ts AND m.identifier = r.id AND m.event_ts = ANY($1)
-		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = r.sc AND s.event_name = r.name`,
+		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = r.sc AND s.event_name = r.name
+		LEFT JOIN {schema}.meter_usage u ON u.event_name = r.name AND u.stripe_customer_id = r.sc
+			AND u.month = date_trunc('month', r.ts AT TIME ZONE 'UTC')::date
+		LEFT JOIN LATERAL `+capLookupSQL("r.name", "r.sc", "(r.ts AT TIME ZONE 'UTC')")+` c ON true`,
 		ts, ids, scs, names)
 	if err != nil {
 		return nil, fmt.Errorf("reading %d meter events: %w", n, err)
@@ -139,13 +147,23 @@ func (l *Ledger) read(ctx context.Context, reqs []Request) ([]*item, error) {
 		var s slot
 		var exp *time.Time
 		var i int
-		rec, found, err := scanRecord(rows, &s.Identifier, &s.Owner, &exp, &s.Token, &i)
+		var units, events int64
+		var capCus, capMonth, capCounts *string
+		var capUnits *int64
+		rec, found, err := scanRecord(rows, &s.Identifier, &s.Owner, &exp, &s.Token, &i,
+			&units, &events, &capCus, &capMonth, &capUnits, &capCounts)
 		if err != nil {
 			return nil, fmt.Errorf("scanning meter event: %w", err)
 		}
 		s.ExpiresAt = utc(exp)
 		it := items[i-1]
 		it.slot = s
+		it.use = CapState{Units: units, Events: events, Month: MonthOf(it.key.EventTS)}
+		if capUnits != nil {
+			it.capped = true
+			it.use.Cap = Cap{EventName: it.req.Event.EventName, StripeCustomerID: *capCus, Month: *capMonth,
+				Cap: *capUnits, Counts: Counts(*capCounts)}
+		}
 		if found {
 			it.row = &rec
 		}
@@ -165,6 +183,7 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 	var ts, exp []time.Time
 	var ids, names, scs, custs, owners, msgs, reasons []string
 	var vals, epochs, cas, toks []int64
+	var cnts []bool
 	for _, it := range items {
 		if it.op == opNone {
 			continue
@@ -179,23 +198,25 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 		ids, names, scs, custs = append(ids, it.key.Identifier), append(names, ev.EventName), append(scs, ev.StripeCustomerID), append(custs, ev.CustomerID)
 		owners, msgs, reasons = append(owners, it.req.Owner), append(msgs, it.req.MessageID), append(reasons, it.claim.Reason)
 		vals, epochs, cas, toks = append(vals, ev.Value), append(epochs, it.claim.Record.Epoch), append(cas, c), append(toks, it.newTok)
+		cnts = append(cnts, (it.op == opInsert || it.op == opReopen) && it.counts())
 	}
 	rows, err := l.pool.Query(ctx, reserveSQL, idx, ops, ts, ids, names, scs, custs, vals, owners, exp, msgs,
-		epochs, cas, toks, reasons, now, l.writer())
+		epochs, cas, toks, reasons, now, l.writer(), cnts)
 	if err != nil {
 		return fmt.Errorf("recording %d meter event decisions: %w", len(idx), err)
 	}
 	defer rows.Close()
 	var seq *int64
-	var leaked []*item
+	var leaked, overCap []*item
 	for rows.Next() {
 		var i int
-		var got bool
-		rec, found, err := scanRecord(rows, &i, &got, &seq)
+		var got, cnt, counted bool
+		rec, found, err := scanRecord(rows, &i, &got, &seq, &cnt, &counted)
 		if err != nil {
 			return fmt.Errorf("scanning meter event decision: %w", err)
 		}
 		it := items[i]
+		it.counted = counted
 		switch {
 		case found && it.op == opInsert:
 			it.claim = Claim{Decision: Acquired, Record: rec, slotToken: it.newTok}
@@ -205,8 +226,14 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 			it.claim = Claim{Decision: Reopened, Record: rec, slotToken: it.newTok}
 		case found && it.op == opPark:
 			it.claim = Claim{Decision: Parked, Record: rec, Reason: it.claim.Reason}
+		case got && cnt && !counted:
+			// The cap refused it on the latest count (someone else's
+			// event of the month counted in between, or the cap changed):
+			// give the grant back; the reason is read again below.
+			leaked = append(leaked, it)
+			overCap = append(overCap, it)
 		case it.op == opInsert || it.op == opTakeOver || it.op == opReopen:
-			if got { // the row moved on after the read: give the grant back
+			if got { // the row moved on after the read: give the grant (and the units) back
 				leaked = append(leaked, it)
 				it.claim = Claim{Decision: Busy, Record: it.claim.Record, Reason: "the event's row changed while this batch was decided"}
 			} else {
@@ -224,38 +251,78 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 	}
 	// The decisions are committed and stand; a grant not given back expires
 	// with the lease it was made for, so a failure here only delays the
-	// customer's meter.
+	// customer's meter (and units not given back make the count high by
+	// them, never low: a cap is reached early, never passed).
 	_ = l.giveBack(ctx, leaked)
+	for _, it := range overCap {
+		l.refuseOverCap(ctx, it)
+	}
 	return nil
 }
 
+// refuseOverCap answers OverCap for an event the write statement's cap
+// check refused, with the cap and count as they stand now.
+func (l *Ledger) refuseOverCap(ctx context.Context, it *item) {
+	ev := it.req.Event
+	st := CapState{Units: it.use.Units, Events: it.use.Events, Month: MonthOf(it.key.EventTS), Cap: it.use.Cap}
+	if c, found, err := l.CapFor(ctx, ev.EventName, ev.StripeCustomerID, st.Month); err == nil && found {
+		st.Cap = c
+	}
+	if us, err := l.Usage(ctx, ev.EventName, ev.StripeCustomerID, st.Month); err == nil && len(us) == 1 {
+		st.Units, st.Events = us[0].Units, us[0].Events
+	}
+	it.claim = Claim{Decision: OverCap, Record: it.claim.Record, Cap: st, Reason: capReason(st, ev.StripeCustomerID, ev.Value)}
+}
+
 // giveBack frees grants made for sends whose row write did not happen (a
-// rare race with another reservation of the same event), so the customer's
-// meter is not blocked until the grant expires.
+// rare race with another reservation of the same event, or the cap), so the
+// customer's meter is not blocked until the grant expires, and takes back
+// the units counted for them, in one statement.
 func (l *Ledger) giveBack(ctx context.Context, leaked []*item) error {
 	if len(leaked) == 0 {
 		return nil
 	}
-	scs, names, toks := make([]string, len(leaked)), make([]string, len(leaked)), make([]int64, len(leaked))
+	n := len(leaked)
+	scs, names, toks := make([]string, n), make([]string, n), make([]int64, n)
+	ts, vals, cnts := make([]time.Time, n), make([]int64, n), make([]bool, n)
 	for i, it := range leaked {
 		scs[i], names[i], toks[i] = it.req.Event.StripeCustomerID, it.req.Event.EventName, it.newTok
+		ts[i], vals[i], cnts[i] = it.key.EventTS, it.req.Event.Value, it.counted
 	}
-	if _, err := l.pool.Exec(ctx, `DELETE FROM {schema}.meter_inflight s
-		USING unnest($1::text[], $2::text[], $3::bigint[]) AS u(sc, name, tok)
-		WHERE s.stripe_customer_id = u.sc AND s.event_name = u.name AND s.token = u.tok`, scs, names, toks); err != nil {
-		return fmt.Errorf("freeing %d unused meter slots: %w", len(leaked), err)
+	if _, err := l.pool.Exec(ctx, `WITH u AS (
+			SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::bigint[], $6::bool[])
+				AS u(sc, name, tok, ts, val, cnt)
+		), freed AS (
+			DELETE FROM {schema}.meter_inflight s USING u
+			WHERE s.stripe_customer_id = u.sc AND s.event_name = u.name AND s.token = u.tok
+		)
+		UPDATE {schema}.meter_usage m SET units = m.units - g.units, events = m.events - g.events, updated_at = now()
+		FROM (SELECT name, sc, date_trunc('month', ts AT TIME ZONE 'UTC')::date AS month, sum(val) AS units, count(*) AS events
+			FROM u WHERE cnt GROUP BY 1, 2, 3) g
+		WHERE m.event_name = g.name AND m.stripe_customer_id = g.sc AND m.month = g.month`,
+		scs, names, toks, ts, vals, cnts); err != nil {
+		return fmt.Errorf("giving back %d unused meter slots: %w", n, err)
 	}
 	return nil
 }
 
 // reserveSQL: $1 request index, $2 op, $3… the event; $12 the epoch read,
 // $13 the slot grant read (0: none seen), $14 the new grant, $15 the
-// park's reason, $16 now, $17 the witness' writer (empty: none).
+// park's reason, $16 now, $17 the witness' writer (empty: none), $18
+// whether the send adds the event to its customer's use of the meter.
+//
+// The use is counted (counted) after the slot is taken and before the row
+// is written, in one upsert of meter_usage whose condition is the cap's:
+// the check and the addition are made on the latest committed count, under
+// the row's lock, so the fleet's sends never pass a cap together. A row is
+// written only if its use was counted.
 var reserveSQL = `
 WITH a AS (
-	SELECT * FROM unnest($1::int[], $2::int[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::text[],
-		$8::bigint[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::text[])
-		AS a(i, op, ts, id, name, sc, cust, val, owner, exp, msg, seen_epoch, cas, tok, reason)
+	SELECT *, date_trunc('month', a.ts AT TIME ZONE 'UTC')::date AS month
+	FROM unnest($1::int[], $2::int[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::text[],
+		$8::bigint[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::text[],
+		$18::bool[])
+		AS a(i, op, ts, id, name, sc, cust, val, owner, exp, msg, seen_epoch, cas, tok, reason, cnt)
 ), locked AS (
 	SELECT s.stripe_customer_id AS sc, s.event_name AS name FROM {schema}.meter_inflight s
 	JOIN a ON s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
@@ -274,12 +341,23 @@ WITH a AS (
 	WHERE a.op IN (3, 4) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
 ), got AS (
 	SELECT token FROM slot_ins UNION ALL SELECT token FROM slot_cas
+), counted AS (
+	-- One send per customer and meter per batch: no usage row twice.
+	INSERT INTO {schema}.meter_usage AS u (event_name, stripe_customer_id, month, units, events, updated_at)
+	SELECT a.name, a.sc, a.month, a.val, 1, $16 FROM a JOIN got ON got.token = a.tok
+	WHERE a.cnt AND ` + capAllowsSQL("a.name", "a.sc", "a.month", "0", "0", "a.val") + `
+	ON CONFLICT (event_name, stripe_customer_id, month) DO UPDATE
+		SET units = u.units + EXCLUDED.units, events = u.events + 1, updated_at = EXCLUDED.updated_at
+		WHERE ` + capAllowsSQL("EXCLUDED.event_name", "EXCLUDED.stripe_customer_id", "EXCLUDED.month", "u.units", "u.events", "EXCLUDED.units") + `
+	RETURNING u.event_name, u.stripe_customer_id, u.month
 ), ins AS (
 	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
 		first_sent_at, attempts, epoch, lease_owner, lease_expires_at, stream_message_id, created_at)
 	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'sending', $16, 1, ` + firstEpoch + `, a.owner, a.exp,
 		nullif(a.msg, ''), $16
-	FROM a JOIN got ON got.token = a.tok WHERE a.op = 1 ORDER BY a.ts, a.id
+	FROM a JOIN got ON got.token = a.tok
+	JOIN counted k ON k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month
+	WHERE a.op = 1 ORDER BY a.ts, a.id
 	ON CONFLICT DO NOTHING RETURNING *
 ), take AS (
 	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, lease_owner = a.owner,
@@ -296,6 +374,7 @@ WITH a AS (
 	FROM a JOIN got ON got.token = a.tok
 	WHERE a.op = 5 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
 		AND m.status IN ('failed', 'parked')
+		AND (NOT a.cnt OR EXISTS (SELECT 1 FROM counted k WHERE k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month))
 	RETURNING m.*
 ), park AS (
 	UPDATE {schema}.meter_events m SET status = 'parked', lease_owner = NULL, lease_expires_at = NULL, last_error = a.reason
@@ -310,7 +389,9 @@ WITH a AS (
 	ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $16
 	RETURNING seq
 )
-SELECT ` + cols("w") + `, a.i, got.token IS NOT NULL, (SELECT seq FROM bump)
+SELECT ` + cols("w") + `, a.i, got.token IS NOT NULL, (SELECT seq FROM bump), a.cnt,
+	a.cnt AND got.token IS NOT NULL AND EXISTS (SELECT 1 FROM counted k
+		WHERE k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month)
 FROM a
 LEFT JOIN got ON got.token = a.tok
 LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM reopen UNION ALL SELECT * FROM park) w
