@@ -104,14 +104,14 @@ func TestMeterCapPrecedence(t *testing.T) {
 		value int64
 		want  meterledger.Decision
 	}{
-		{"cus_a", t0, 7, meterledger.Acquired},   // every customer in November: 7
-		{"cus_b", t0, 7, meterledger.Acquired},   // counted on its own
+		{"cus_a", t0, 7, meterledger.Acquired}, // every customer in November: 7
+		{"cus_b", t0, 7, meterledger.Acquired}, // counted on its own
 		{"cus_a", t0.Add(time.Second), 1, meterledger.OverCap},
 		{"cus_a", oct, 5, meterledger.Acquired}, // every customer, every month: 5
 		{"cus_a", oct.Add(time.Second), 1, meterledger.OverCap},
 		{"cus_big", t0, 50, meterledger.Acquired}, // its own November cap
 		{"cus_big", t0.Add(time.Second), 1, meterledger.OverCap},
-		{"cus_big", oct, 100, meterledger.Acquired}, // its own every-month cap
+		{"cus_big", oct, 100, meterledger.Acquired},                  // its own every-month cap
 		{"cus_a", t0.Add(2 * time.Second), -3, meterledger.Acquired}, // a negative value adds nothing: always passes
 		{"cus_a", t0.Add(3 * time.Second), 0, meterledger.Acquired},
 		{"other_meter_cus", t0, 1000, meterledger.Acquired}, // no cap of this meter below
