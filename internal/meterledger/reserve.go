@@ -129,15 +129,22 @@ func (l *Ledger) read(ctx context.Context, reqs []Request) ([]*item, error) {
 		items[i] = &item{i: i, req: r, key: KeyOf(r.Event, r.Identifier)}
 		ts[i], ids[i], scs[i], names[i] = items[i].key.EventTS, r.Identifier, r.Event.StripeCustomerID, r.Event.EventName
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+`,
+	// The caps of the batch's meters are read once (most meters have
+	// none); a customer's use only where a cap applies.
+	rows, err := l.pool.Query(ctx, `WITH caps AS MATERIALIZED (
+			SELECT * FROM {schema}.meter_caps WHERE event_name = ANY($4)
+		)
+		SELECT `+recordCols+`,
 			coalesce(s.identifier, ''), coalesce(s.owner, ''), s.expires_at, coalesce(s.token, 0), r.i,
 			coalesce(u.units, 0), coalesce(u.events, 0), c.stripe_customer_id, c.month, c.cap, c.counts
 		FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS r(ts, id, sc, name, i)
 		LEFT JOIN {schema}.meter_events m ON m.event_ts = r.ts AND m.identifier = r.id AND m.event_ts = ANY($1)
 		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = r.sc AND s.event_name = r.name
-		LEFT JOIN {schema}.meter_usage u ON u.event_name = r.name AND u.stripe_customer_id = r.sc
-			AND u.month = date_trunc('month', r.ts AT TIME ZONE 'UTC')::date
-		LEFT JOIN LATERAL `+capLookupSQL("r.name", "r.sc", "(r.ts AT TIME ZONE 'UTC')")+` c ON true`,
+		LEFT JOIN LATERAL (SELECT * FROM caps c WHERE c.event_name = r.name AND c.stripe_customer_id IN (r.sc, '*')
+			AND c.month IN (to_char(r.ts AT TIME ZONE 'UTC', 'YYYY-MM'), '*')
+			ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1) c ON true
+		LEFT JOIN {schema}.meter_usage u ON c.cap IS NOT NULL AND u.event_name = r.name AND u.stripe_customer_id = r.sc
+			AND u.month = date_trunc('month', r.ts AT TIME ZONE 'UTC')::date`,
 		ts, ids, scs, names)
 	if err != nil {
 		return nil, fmt.Errorf("reading %d meter events: %w", n, err)
