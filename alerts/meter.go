@@ -19,3 +19,26 @@ func MeterEventParked(eventName, stripeCustomerID, identifier string, value int6
 		Fingerprint: "meter_event_parked:" + identifier,
 	}
 }
+
+// MeterCapReached reports a meter event that was not sent because it would
+// pass the meter's spend cap for its customer and month (used and the cap
+// in the cap's unit: "units" or "events"). Repeats for the same meter,
+// customer and month are deduplicated: the other events are in the
+// dead-letter stream with reason spend_cap.
+func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used int64, unit string, value int64, stream string) Alert {
+	return Alert{
+		Kind:  KindSpendCap,
+		Title: fmt.Sprintf("Meter cap reached: %s of %s in %s", eventName, stripeCustomerID, month),
+		Text: fmt.Sprintf("A meter event of value %d for %s was *not sent*: it would pass the cap. "+
+			"It is dead-lettered with reason `spend_cap`; raise the cap (`consumer meter-cap set`), then `consumer replay --stream %s --reason spend_cap`.",
+			value, code(stripeCustomerID), Escape(stream)),
+		Fields: []Field{
+			{Label: "Meter", Value: eventName},
+			{Label: "Customer", Value: stripeCustomerID},
+			{Label: "Month", Value: month},
+			{Label: "Cap", Value: fmt.Sprintf("%d %s", capValue, unit)},
+			{Label: "Used", Value: fmt.Sprintf("%d %s", used, unit)},
+		},
+		Fingerprint: "spend_cap:meter:" + eventName + ":" + stripeCustomerID + ":" + month,
+	}
+}

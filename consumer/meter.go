@@ -119,6 +119,7 @@ type MeterBatch struct {
 	Already     int // delivered before: acked without a call
 	DeadLetters int // invalid, refused by Stripe, outside Stripe's window, conflicting
 	Parked      int // unknown outcome past the window: not re-sent, alerted
+	OverCap     int // would pass the meter's spend cap: dead-lettered (spend_cap), alerted
 	Left        int // left pending: busy, its customer's meter slot taken, held, or a transient outcome
 	// Outcomes is each entry's outcome, by stream id.
 	Outcomes map[string]Outcome
@@ -284,6 +285,7 @@ func (c *MeterConsumer) Redrive(ctx context.Context, msgs []redis.XMessage) (Met
 		total.Already += b.Already
 		total.DeadLetters += b.DeadLetters
 		total.Parked += b.Parked
+		total.OverCap += b.OverCap
 		if total.Outcomes == nil {
 			total.Outcomes = b.Outcomes
 		} else {
@@ -353,6 +355,15 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case meterledger.Conflict:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonConflict, Detail: cl.Reason})
 			c.count(&b, it.msg.ID, OutcomeDeadLetter)
+		case meterledger.OverCap:
+			// Nothing sent or written: a replay once the cap is raised
+			// sends it.
+			b.OverCap++
+			s := cl.Cap
+			c.cfg.Notifier.Notify(alerts.MeterCapReached(it.req.Event.EventName, it.req.Event.StripeCustomerID, s.Month.Format("2006-01"),
+				s.Cap.Cap, s.Cap.Used(s.Units, s.Events), string(s.Cap.Counts), it.req.Event.Value, c.cfg.Stream))
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonSpendCap, Detail: cl.Reason})
+			c.count(&b, it.msg.ID, OutcomeSpendCap)
 		default: // Busy, SlotBusy, Held
 			b.Left++
 			left = append(left, it.msg)

@@ -74,7 +74,7 @@ func (m *Metrics) startMeterStream(stream string) {
 		return
 	}
 	for _, o := range []Outcome{OutcomeDelivered, OutcomeAlreadyBilled, OutcomeFailed, OutcomeDeadLetter,
-		OutcomeParked, OutcomeBusy, OutcomeRetryLater} {
+		OutcomeParked, OutcomeSpendCap, OutcomeBusy, OutcomeRetryLater} {
 		m.events.WithLabelValues(stream, string(o))
 	}
 	m.inFlight.WithLabelValues(stream)
