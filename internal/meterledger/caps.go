@@ -256,3 +256,26 @@ func capReason(s CapState, customer string, value int64) string {
 	return fmt.Sprintf("would pass the %s cap of %d %s for %s in %s (%s): %d used, this event adds %d; not sent: raise the cap, then replay",
 		s.Cap.EventName, s.Cap.Cap, s.Cap.Counts, customer, s.Month.Format("2006-01"), scope, s.Cap.Used(s.Units, s.Events), adds)
 }
+
+// Applicable is the cap of caps (one meter's, as Caps lists them) that
+// applies to customer's events in month ("2026-12"): the rule Reserve
+// applies in SQL, for readers holding the list.
+func Applicable(caps []Cap, customer, month string) (Cap, bool) {
+	best, rank := Cap{}, 4
+	for _, c := range caps {
+		r := 0
+		switch {
+		case c.StripeCustomerID != customer && c.StripeCustomerID != AnyCustomer, c.Month != month && c.Month != AnyMonth:
+			continue
+		case c.StripeCustomerID == AnyCustomer:
+			r += 2
+		}
+		if c.Month == AnyMonth {
+			r++
+		}
+		if r < rank {
+			best, rank = c, r
+		}
+	}
+	return best, rank < 4
+}

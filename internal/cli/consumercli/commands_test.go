@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -26,6 +27,12 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"--no-such-flag"},
 		{"--log-format", "xml"},
 		{"cap", "set", "--period", "2026-11"},
+		{"meter-cap", "set", "--meter", "api", "--customer", "cus_1", "--month", "2026-11"},
+		{"meter-cap", "set", "--meter", "api", "--customer", "cus_1", "--month", "Nov", "--cap", "5"},
+		{"meter-cap", "set", "--meter", "api", "--customer", "cus_1", "--month", "*", "--cap", "5", "--counts", "dollars"},
+		{"meter-cap", "remove", "--meter", "api"},
+		{"meter-cap", "show", "--in", "*"},
+		{"meter-cap", "raise"},
 		{"migrate", "sideways"},
 		{"unexpected-arg"},
 		{"--stream", "a,a"},
@@ -63,6 +70,57 @@ func TestCapCommands(t *testing.T) {
 	if code := Main(context.Background(), []string{"migrate", "status", "--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}, &out, &errb); code != 0 ||
 		strings.Contains(out.String(), "pending") || !strings.Contains(out.String(), "applied") {
 		t.Fatalf("migrate status: %d\n%s%s", code, out.String(), errb.String())
+	}
+}
+
+// meter-cap set, show (with each cap's use this month) and remove.
+func TestMeterCapCommands(t *testing.T) {
+	t.Parallel()
+	pool, url := testenv.DBWithURL(t)
+	ctx := context.Background()
+	db := []string{"--database-url", url, "--db-schema", testenv.SchemaOfURL(url)}
+	cmd := func(args ...string) string {
+		t.Helper()
+		var out, errb testenv.SyncBuffer
+		if code := Main(ctx, append(args, db...), &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		return out.String()
+	}
+	month := time.Now().UTC().Format("2006-01")
+	// This month: cus_1 used 7 of its own cap, cus_2 and cus_3 fall under
+	// every customer's cap of 10, which cus_3 reached.
+	for _, u := range []struct {
+		cus   string
+		units int64
+	}{{"cus_1", 7}, {"cus_2", 4}, {"cus_3", 10}} {
+		if _, err := pool.Exec(ctx, `INSERT INTO meter_usage (event_name, stripe_customer_id, month, units, events, updated_at)
+			VALUES ('api', $1, date_trunc('month', now() AT TIME ZONE 'UTC')::date, $2, 1, now())`, u.cus, u.units); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := cmd("meter-cap", "set", "--meter", "api", "--customer", "cus_1", "--month", "*", "--cap", "100")
+	if !strings.Contains(out, "100 units") || !strings.Contains(out, "7 used") {
+		t.Fatalf("set:\n%s", out)
+	}
+	cmd("meter-cap", "set", "--meter", "api", "--customer", "*", "--month", month, "--cap", "10")
+	cmd("meter-cap", "set", "--meter", "logins", "--customer", "*", "--month", "*", "--cap", "3", "--counts", "events")
+	out = cmd("meter-cap", "show")
+	for _, want := range []string{"cus_1", "7 used", "2 customers, 1 at the cap", "3 events"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+	if out = cmd("meter-cap", "show", "--meter", "logins"); strings.Contains(out, "cus_1") {
+		t.Errorf("show --meter logins lists another meter:\n%s", out)
+	}
+	if out = cmd("meter-cap", "remove", "--meter", "api", "--customer", "cus_1", "--month", "*"); !strings.Contains(out, "removed") {
+		t.Fatalf("remove: %s", out)
+	}
+	var out2, errb testenv.SyncBuffer
+	if code := Main(ctx, append([]string{"meter-cap", "remove", "--meter", "api", "--customer", "cus_1", "--month", "*"}, db...), &out2, &errb); code != 2 ||
+		!strings.Contains(errb.String(), "meter-cap show --meter api") {
+		t.Fatalf("removing it twice: exit %d: %s", code, errb.String())
 	}
 }
 
