@@ -30,6 +30,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
@@ -203,6 +204,8 @@ type Server struct {
 	replayMu chan struct{} // one replay at a time in this process
 	// explainer is a dry-run reaper: the PEL page's verdicts.
 	explainer *reaper.Reaper
+	// meters reads the meter caps and their use (the Usage page).
+	meters *meterledger.Ledger
 	// hours caches the charts' counts of the hours that are over.
 	hours hourCache
 	// liveOff leaves the live pipeline and the charts off the overview:
@@ -221,8 +224,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	meters, err := meterledger.New(cfg.DB, meterledger.Config{Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{cfg: cfg, db: db, store: audit.NewStore(cfg.DB, cfg.Schema), auth: auth,
-		log: cfg.Logger, replayMu: make(chan struct{}, 1)}
+		log: cfg.Logger, replayMu: make(chan struct{}, 1), meters: meters}
 	if s.pages, err = parsePages(); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
 )
@@ -93,5 +94,27 @@ func (s *Server) usagePage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	data["Rows"] = rows
+	caps, err := s.meterCaps(r.Context(), customer, meter)
+	if err != nil && !missingTable(err) {
+		s.fail(w, r, err)
+		return
+	}
+	data["Caps"], data["Month"] = caps, meterledger.MonthOf(time.Now())
 	s.render(w, r, http.StatusOK, "usage", data)
+}
+
+// meterCaps is the caps of this month (of meter, and of customer or of
+// every customer, when given) with what each bounds.
+func (s *Server) meterCaps(ctx context.Context, customer, meter string) ([]meterledger.CapUse, error) {
+	caps, err := s.meters.CapsInUse(ctx, meter, time.Now())
+	if err != nil || customer == "" {
+		return caps, err
+	}
+	var out []meterledger.CapUse
+	for _, c := range caps {
+		if c.StripeCustomerID == customer || c.StripeCustomerID == meterledger.AnyCustomer {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }

@@ -66,4 +66,33 @@ func TestUsagePageShowsFindingsAndCorrections(t *testing.T) {
 	if page := c.mustGet("/usage?customer=cus_B"); !strings.Contains(page, "usage_under") || strings.Contains(page, "negative_event") {
 		t.Errorf("?customer=cus_B:\n%s", page)
 	}
+
+	// Meter caps of this month with their use; another month's are not
+	// shown.
+	for _, q := range []string{
+		`INSERT INTO {schema}.meter_caps (event_name, stripe_customer_id, month, cap, counts, updated_at) VALUES
+			('api_requests', 'cus_A', '*', 100, 'units', now()), ('api_requests', '*', '*', 10, 'units', now()),
+			('api_requests', '*', '2020-01', 1, 'units', now())`,
+		`INSERT INTO {schema}.meter_usage (event_name, stripe_customer_id, month, units, events, updated_at) VALUES
+			('api_requests', 'cus_A', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 100, 9, now()),
+			('api_requests', 'cus_B', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 4, 2, now()),
+			('api_requests', 'cus_C', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 12, 3, now())`,
+	} {
+		if _, err := b.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page = c.mustGet("/usage")
+	for _, want := range []string{"Meter caps in " + time.Now().UTC().Format("2006-01"), "100 units</td>",
+		"100 units <span class=\"warn\">at the cap</span>", "2 customers, <span class=\"warn\">1 at the cap</span>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the usage page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "2020-01") {
+		t.Error("a cap of another month is shown")
+	}
+	if page := c.mustGet("/usage?customer=cus_B"); strings.Contains(page, ">cus_A</a></td>\n    <td>every month") {
+		t.Error("?customer=cus_B shows cus_A's cap")
+	}
 }

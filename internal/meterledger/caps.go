@@ -257,25 +257,48 @@ func capReason(s CapState, customer string, value int64) string {
 		s.Cap.EventName, s.Cap.Cap, s.Cap.Counts, customer, s.Month.Format("2006-01"), scope, s.Cap.Used(s.Units, s.Events), adds)
 }
 
-// Applicable is the cap of caps (one meter's, as Caps lists them) that
-// applies to customer's events in month ("2026-12"): the rule Reserve
-// applies in SQL, for readers holding the list.
-func Applicable(caps []Cap, customer, month string) (Cap, bool) {
-	best, rank := Cap{}, 4
-	for _, c := range caps {
-		r := 0
-		switch {
-		case c.StripeCustomerID != customer && c.StripeCustomerID != AnyCustomer, c.Month != month && c.Month != AnyMonth:
-			continue
-		case c.StripeCustomerID == AnyCustomer:
-			r += 2
-		}
-		if c.Month == AnyMonth {
-			r++
-		}
-		if r < rank {
-			best, rank = c, r
-		}
+// CapUse is a cap with what it bounds in a month.
+type CapUse struct {
+	Cap
+	// Customers is how many customers with events that month the cap
+	// applies to (their own cap, or a more specific one, comes first);
+	// Reached how many of them used all of it.
+	Customers, Reached int
+	// Used is the customer's use, for a cap of one customer.
+	Used int64
+}
+
+// CapsInUse lists the caps of eventName (every meter's when empty) that
+// apply in month, each with what it bounds that month, in one query.
+func (l *Ledger) CapsInUse(ctx context.Context, eventName string, month time.Time) ([]CapUse, error) {
+	month = MonthOf(month)
+	rows, err := l.pool.Query(ctx, `WITH caps AS MATERIALIZED (
+			SELECT * FROM {schema}.meter_caps WHERE ($1 = '' OR event_name = $1) AND month IN (to_char($2::date, 'YYYY-MM'), '*')
+		), used AS (
+			SELECT c.event_name, c.stripe_customer_id, c.month,
+				CASE WHEN c.counts = 'events' THEN u.events ELSE u.units END AS used, c.cap
+			FROM {schema}.meter_usage u
+			CROSS JOIN LATERAL (SELECT * FROM caps c WHERE c.event_name = u.event_name AND c.stripe_customer_id IN (u.stripe_customer_id, '*')
+				ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1) c
+			WHERE u.month = $2::date AND ($1 = '' OR u.event_name = $1)
+		)
+		SELECT c.event_name, c.stripe_customer_id, c.month, c.cap, c.counts, c.updated_at,
+			count(u.used)::int, (count(*) FILTER (WHERE u.used >= u.cap))::int, coalesce(sum(u.used), 0)::bigint
+		FROM caps c LEFT JOIN used u ON u.event_name = c.event_name AND u.stripe_customer_id = c.stripe_customer_id AND u.month = c.month
+		GROUP BY c.event_name, c.stripe_customer_id, c.month, c.cap, c.counts, c.updated_at
+		ORDER BY c.event_name, c.stripe_customer_id = '*' DESC, c.stripe_customer_id, c.month = '*' DESC, c.month DESC`,
+		eventName, month)
+	if err != nil {
+		return nil, fmt.Errorf("reading meter caps in use: %w", err)
 	}
-	return best, rank < 4
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CapUse, error) {
+		var c CapUse
+		var counts string
+		err := r.Scan(&c.EventName, &c.StripeCustomerID, &c.Month, &c.Cap.Cap, &counts, &c.UpdatedAt, &c.Customers, &c.Reached, &c.Used)
+		c.Counts, c.UpdatedAt = Counts(counts), c.UpdatedAt.UTC()
+		if c.StripeCustomerID == AnyCustomer {
+			c.Used = 0
+		}
+		return c, err
+	})
 }

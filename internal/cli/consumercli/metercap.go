@@ -120,10 +120,10 @@ func (o *MeterCapOptions) run(ctx context.Context, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if o.Month != meterledger.AnyMonth {
-			month, _ = time.Parse("2006-01", o.Month)
+		if c.Month != meterledger.AnyMonth {
+			month, _ = time.Parse("2006-01", c.Month)
 		}
-		return writeMeterCaps(ctx, w, l, []meterledger.Cap{c}, month)
+		return writeMeterCaps(ctx, w, l, c.EventName, month)
 	case "remove":
 		if err := l.RemoveCap(ctx, o.Meter, o.Customer, o.Month); err != nil {
 			if errors.Is(err, meterledger.ErrNotFound) {
@@ -137,63 +137,41 @@ func (o *MeterCapOptions) run(ctx context.Context, w io.Writer) error {
 	if o.In != "" {
 		month, _ = time.Parse("2006-01", o.In)
 	}
-	caps, err := l.Caps(ctx, o.Meter)
+	return writeMeterCaps(ctx, w, l, o.Meter, month)
+}
+
+// writeMeterCaps prints the caps of meter (every meter's when empty) that
+// apply in month, with what each bounds: a customer's use, or for a cap of
+// every customer, how many customers it applies to and how many reached it.
+// Caps of other months are listed after them, without use.
+func writeMeterCaps(ctx context.Context, w io.Writer, l *meterledger.Ledger, meter string, month time.Time) error {
+	inUse, err := l.CapsInUse(ctx, meter, month)
 	if err != nil {
 		return err
 	}
-	return writeMeterCaps(ctx, w, l, caps, month)
-}
-
-// writeMeterCaps prints caps with what they bound in month: a customer's
-// use, or for a cap of every customer, how many customers it applies to
-// that month and how many of them reached it.
-func writeMeterCaps(ctx context.Context, w io.Writer, l *meterledger.Ledger, caps []meterledger.Cap, month time.Time) error {
+	all, err := l.Caps(ctx, meter)
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "METER\tCUSTOMER\tMONTH\tCAP\tIN %s\tUPDATED\n", month.Format("2006-01"))
 	m := month.Format("2006-01")
-	for _, c := range caps {
-		use := "-" // the cap is of another month
-		if c.Month == meterledger.AnyMonth || c.Month == m {
-			var err error
-			if use, err = capUse(ctx, l, c, month); err != nil {
-				return err
-			}
+	fmt.Fprintf(tw, "METER\tCUSTOMER\tMONTH\tCAP\tIN %s\tUPDATED\n", m)
+	for _, c := range inUse {
+		use := fmt.Sprintf("%d used", c.Used)
+		if c.StripeCustomerID == meterledger.AnyCustomer {
+			use = fmt.Sprintf("%d customers, %d at the cap", c.Customers, c.Reached)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d %s\t%s\t%s\n", c.EventName, c.StripeCustomerID, c.Month, c.Cap, c.Counts, use,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d %s\t%s\t%s\n", c.EventName, c.StripeCustomerID, c.Month, c.Cap.Cap, c.Counts, use,
 			c.UpdatedAt.Format(time.RFC3339))
 	}
-	if len(caps) == 0 {
+	for _, c := range all {
+		if c.Month != meterledger.AnyMonth && c.Month != m {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d %s\t-\t%s\n", c.EventName, c.StripeCustomerID, c.Month, c.Cap, c.Counts,
+				c.UpdatedAt.Format(time.RFC3339))
+		}
+	}
+	if len(all) == 0 {
 		fmt.Fprintln(tw, "(no meter caps)")
 	}
 	return tw.Flush()
-}
-
-func capUse(ctx context.Context, l *meterledger.Ledger, c meterledger.Cap, month time.Time) (string, error) {
-	if c.StripeCustomerID != meterledger.AnyCustomer {
-		us, err := l.Usage(ctx, c.EventName, c.StripeCustomerID, month)
-		if err != nil || len(us) == 0 {
-			return "0 used", err
-		}
-		return fmt.Sprintf("%d used", c.Used(us[0].Units, us[0].Events)), nil
-	}
-	caps, err := l.Caps(ctx, c.EventName)
-	if err != nil {
-		return "", err
-	}
-	us, err := l.Usage(ctx, c.EventName, "", month)
-	if err != nil {
-		return "", err
-	}
-	var applies, reached int
-	for _, u := range us {
-		got, _ := meterledger.Applicable(caps, u.StripeCustomerID, month.Format("2006-01"))
-		if got.StripeCustomerID != c.StripeCustomerID || got.Month != c.Month {
-			continue // the customer's own cap, or a more specific one, applies
-		}
-		applies++
-		if c.Used(u.Units, u.Events) >= c.Cap {
-			reached++
-		}
-	}
-	return fmt.Sprintf("%d customers, %d at the cap", applies, reached), nil
 }
