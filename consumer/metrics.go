@@ -22,7 +22,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pelguard_consumer_events_total",
-			Help: "Events handled, by outcome (charged, processing, action_required, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost); ledger-driven retries under stream=\"(ledger)\".",
+			Help: "Events handled, by outcome (charged, processing, action_required, already_billed, declined, failed, dead_letter, spend_cap, busy, retry_later, lease_lost; meter events: delivered, parked and the same already_billed, failed, dead_letter, spend_cap, busy, retry_later); ledger-driven retries under stream=\"(ledger)\".",
 		}, []string{"stream", "outcome"}),
 		stripe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pelguard_consumer_stripe_seconds",

@@ -42,8 +42,9 @@ const (
 
 	// The meter consumer's own outcomes (consumer/meter.go); it uses
 	// AlreadyBilled (delivered before: acked without a call), Failed
-	// (Stripe refused it for good), DeadLetter, Busy and RetryLater as
-	// above.
+	// (Stripe refused it for good), DeadLetter, SpendCap (it would pass
+	// its customer's meter cap for the month: dead letter, not sent),
+	// Busy and RetryLater as above.
 
 	// OutcomeDelivered: Stripe counted the meter event (or refused its
 	// identifier as one it already has); recorded delivered, acked.
