@@ -59,6 +59,8 @@ func runMeterChild() int {
 // SIGKILLed at random moments (inside calls, between Stripe's reply and the
 // ledger write, before XACK) and replaced: Stripe counts every event
 // exactly once, and never has two calls of one customer's meter in flight.
+// One customer has a meter cap: Stripe counts exactly what fits under it
+// each month, the rest is dead-lettered spend_cap, never sent.
 func TestMeterFleetUnderSIGKILLsCountsEachEventOnce(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
@@ -71,6 +73,31 @@ func TestMeterFleetUnderSIGKILLsCountsEachEventOnce(t *testing.T) {
 		evs = append(evs, meterEvent(i%25, i, now.Add(-time.Duration(i)*time.Second)))
 	}
 	b.addMeter(t, evs...)
+	l, err := meterledger.New(b.pool, meterledger.Config{Schema: testenv.SchemaOf(b.pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cus_1's 16 events are of 2 units each: 10 fit under 20 a month.
+	const capped, capUnits = "cus_1", 20
+	if _, err := l.SetCap(context.Background(), meterledger.Cap{EventName: meterName, StripeCustomerID: capped,
+		Month: meterledger.AnyMonth, Cap: capUnits}); err != nil {
+		t.Fatal(err)
+	}
+	want := sums(evs)
+	perMonth := map[time.Time]int64{}
+	for _, e := range evs {
+		if e.StripeCustomerID == capped {
+			if e.Value != 2 {
+				t.Fatalf("%s's events are meant to be of 2 units", capped)
+			}
+			perMonth[meterledger.MonthOf(e.Timestamp)] += e.Value
+		}
+	}
+	want[capped] = 0
+	for _, units := range perMonth {
+		want[capped] += min(units, capUnits)
+	}
+	refused := int((sums(evs)[capped] - want[capped]) / 2)
 
 	start := func(name string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -113,26 +140,35 @@ func TestMeterFleetUnderSIGKILLsCountsEachEventOnce(t *testing.T) {
 		kill(fleet[i])
 		fleet[i] = start(fmt.Sprintf("m-%d-%d", i, k))
 	}
+	sent := int64(len(evs) - refused)
 	testenv.Eventually(t, 90*time.Second, func() bool {
-		return b.pending(t) == 0 && b.sim.MeterEventCounts().Recorded >= int64(len(evs))
+		return b.pending(t) == 0 && b.sim.MeterEventCounts().Recorded >= sent
 	}, "the fleet did not drain: %+v recorded, %d pending", b.sim.MeterEventCounts(), b.pending(t))
-	b.assertMeterTotals(t, sums(evs))
+	b.assertMeterTotals(t, want)
 	c := b.sim.MeterEventCounts()
-	if c.Recorded != int64(len(evs)) {
-		t.Fatalf("Stripe recorded %d events of %d", c.Recorded, len(evs))
+	if c.Recorded != sent {
+		t.Fatalf("Stripe recorded %d events; want %d of %d (%d over the cap)", c.Recorded, sent, len(evs), refused)
 	}
 	if c.Concurrent != 0 {
 		t.Fatalf("%d calls refused because another call of the customer's meter was in flight", c.Concurrent)
 	}
-	l, err := meterledger.New(b.pool, meterledger.Config{Schema: testenv.SchemaOf(b.pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	counts, err := l.Counts(context.Background(), now.Add(-time.Hour), now.Add(time.Hour))
-	if err != nil || counts[meterledger.StatusDelivered] != int64(len(evs)) || len(counts) != 1 {
-		t.Fatalf("ledger %v (%v): want all %d delivered", counts, err, len(evs))
+	if err != nil || counts[meterledger.StatusDelivered] != sent || len(counts) != 1 {
+		t.Fatalf("ledger %v (%v): want %d delivered and nothing else", counts, err, sent)
 	}
-	if dl, err := b.rdb.XLen(context.Background(), consumer.DeadLetterStream(b.stream)).Result(); err != nil || dl != 0 {
-		t.Fatalf("%d dead letters (%v): none expected within the window", dl, err)
+	dl, err := b.rdb.XRange(context.Background(), consumer.DeadLetterStream(b.stream), "-", "+").Result()
+	if err != nil || len(dl) != refused {
+		t.Fatalf("%d dead letters (%v): want the %d over the cap", len(dl), err, refused)
+	}
+	for _, d := range dl {
+		if d.Values["reason"] != consumer.ReasonSpendCap {
+			t.Fatalf("dead letter %v: only spend_cap expected within the window", d.Values)
+		}
+	}
+	for m, units := range perMonth {
+		us, err := l.Usage(context.Background(), meterName, capped, m)
+		if err != nil || len(us) != 1 || us[0].Units != min(units, capUnits) {
+			t.Fatalf("the ledger's use of %s in %s: %+v %v; want %d", capped, m.Format("2006-01"), us, err, min(units, capUnits))
+		}
 	}
 }
