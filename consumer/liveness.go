@@ -52,6 +52,28 @@ func Registered(ctx context.Context, rdb redis.UniversalClient, stream, group st
 	return out, nil
 }
 
+// ForgetSilent removes name from the registry if its last heartbeat is
+// still lastBeat (as Registered read it): a consumer that beat since is
+// alive and stays. It reports whether the name was removed. The reaper's
+// hygiene calls it for names gone from the group and silent for its
+// consumer-idle time; every process has a unique name, so the registry
+// otherwise grows with every restart.
+func ForgetSilent(ctx context.Context, rdb redis.UniversalClient, stream, group, name string, lastBeat time.Time) (bool, error) {
+	n, err := forgetSilentScript.Run(ctx, rdb, []string{LivenessKey(stream, group)}, name, lastBeat.UnixMilli()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("forgetting consumer %s on %s/%s: %w", name, stream, group, err)
+	}
+	return n == 1, nil
+}
+
+// forgetSilentScript deletes a registry field only if it still holds the
+// heartbeat read (one key: any Redis Cluster slot).
+var forgetSilentScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0`)
+
 // Forget removes names from the registry (the reaper's hygiene, once a
 // consumer has left the group).
 func Forget(ctx context.Context, rdb redis.UniversalClient, stream, group string, names ...string) error {

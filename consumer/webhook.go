@@ -2,12 +2,14 @@ package consumer
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,6 +138,36 @@ func WebhookHandler(cfg WebhookConfig) (http.Handler, error) {
 type webhookHandler struct {
 	cfg    WebhookConfig
 	ledger *ledger.Ledger
+	// pruned is when this handler last pruned webhook_events (Unix ns).
+	pruned atomic.Int64
+}
+
+// Remembered webhook events are kept WebhookEventsKept (Stripe retries an
+// event for up to three days), pruned at most hourly by the handler that
+// records them, up to webhookPruneBatch rows at a time.
+const (
+	WebhookEventsKept = 30 * 24 * time.Hour
+	webhookPruneEvery = time.Hour
+	webhookPruneBatch = 10_000
+)
+
+// prune deletes remembered events older than WebhookEventsKept, at most
+// once per webhookPruneEvery per process; a failure is logged and tried
+// again at the next event.
+func (h *webhookHandler) prune(ctx context.Context) {
+	now := h.cfg.Clock.Now()
+	last := h.pruned.Load()
+	if now.Sub(time.Unix(0, last)) < webhookPruneEvery || !h.pruned.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	n, err := h.ledger.PruneWebhookEvents(ctx, now.Add(-WebhookEventsKept), webhookPruneBatch)
+	switch {
+	case err != nil:
+		h.pruned.Store(last)
+		h.cfg.Logger.WarnContext(ctx, "pruning remembered webhook events", "err", err)
+	case n > 0:
+		h.cfg.Logger.InfoContext(ctx, "pruned remembered webhook events", "events", n, "older_than", WebhookEventsKept.String())
+	}
 }
 
 // hookObject is the part of a charge or PaymentIntent an event carries
@@ -248,5 +280,9 @@ func (h *webhookHandler) apply(r *http.Request, id, typ string, obj hookObject) 
 			}
 		}
 	}
-	return result, h.ledger.RecordWebhookEvent(ctx, id, typ, obj.ID, result)
+	if err := h.ledger.RecordWebhookEvent(ctx, id, typ, obj.ID, result); err != nil {
+		return result, err
+	}
+	h.prune(ctx)
+	return result, nil
 }

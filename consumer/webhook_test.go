@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -210,5 +211,47 @@ func TestWebhookConfigAndMethod(t *testing.T) {
 	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, consumer.WebhookPath, nil))
 	if rr.Code != http.StatusMethodNotAllowed {
 		t.Fatalf("GET: %d", rr.Code)
+	}
+}
+
+// Remembered webhook events older than WebhookEventsKept are pruned by the
+// handler that records new ones (Stripe retries an event for three days);
+// younger ones, and the one just applied, are kept.
+func TestWebhookPrunesOldEventIDs(t *testing.T) {
+	t.Parallel()
+	e := ev(3)
+	h := setupHooked(t, stripesim.Faults{DebitCustomers: []string{e.StripeCustomerID}})
+	ctx := context.Background()
+	now := h.clk.Now()
+	for i, age := range []time.Duration{consumer.WebhookEventsKept + time.Hour, consumer.WebhookEventsKept + 24*time.Hour, consumer.WebhookEventsKept - time.Hour} {
+		if _, err := h.pool.Exec(ctx, `INSERT INTO webhook_events (event_id, type, object_id, received_at, result)
+			VALUES ($1, 'charge.succeeded', 'ch_old', $2, 'applied')`, fmt.Sprintf("evt_old_%d", i), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.add(t, e)
+	if out := h.motion.deliver(t); out != consumer.OutcomeProcessing {
+		t.Fatalf("outcome %s", out)
+	}
+	if err := h.sim.Settle(h.record(t, e).ChargeID, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.deliver(t, h.eventIDs("charge.succeeded")...); got[0] != http.StatusOK || h.results(consumer.WebhookApplied) != 1 {
+		t.Fatalf("delivery: %v", got)
+	}
+	var ids []string
+	rows, err := h.pool.Query(ctx, `SELECT event_id FROM webhook_events ORDER BY received_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if len(ids) != 2 || ids[0] != "evt_old_2" || ids[1] != h.eventIDs("charge.succeeded")[0] {
+		t.Fatalf("webhook events kept %v: want evt_old_2 and the one just applied", ids)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/consumer"
 )
 
 //go:embed delconsumer.lua
@@ -22,7 +24,9 @@ var uncountScript = redis.NewScript(uncountLua)
 // hygiene removes consumers idle longer than ConsumerIdle that have nothing
 // pending. Dead consumers' names otherwise pile up in the group (every
 // process has a unique name). The reaper's own name is never removed: it may
-// be between a claim and a re-drive.
+// be between a claim and a re-drive. Then it forgets, in the liveness
+// registry, the names that are no longer group members and have not beaten
+// for ConsumerIdle (forgetRegistered).
 func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
 	if r.cfg.ConsumerIdle < 0 {
 		return nil
@@ -51,6 +55,48 @@ func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
 			}
 		}
 		r.record(p, d)
+	}
+	if r.cfg.DryRun {
+		return nil
+	}
+	return r.forgetRegistered(ctx, st)
+}
+
+// forgetRegistered removes from the liveness registry the names that are
+// not members of the group (never were, or removed above) and whose last
+// heartbeat is older than ConsumerIdle. A name with pending entries is a
+// member, so none is forgotten while it holds something; one that beats
+// again between the read and the removal stays (ForgetSilent compares).
+func (r *Reaper) forgetRegistered(ctx context.Context, st *streamState) error {
+	reg, err := consumer.Registered(ctx, r.cfg.Redis, st.Stream, st.Group)
+	if err != nil {
+		return err
+	}
+	cs, err := r.cfg.Redis.XInfoConsumers(ctx, st.Stream, st.Group).Result()
+	if err != nil {
+		return fmt.Errorf("XINFO CONSUMERS: %w", err)
+	}
+	members := make(map[string]bool, len(cs))
+	for _, c := range cs {
+		members[c.Name] = true
+	}
+	now := r.cfg.Clock.Now()
+	forgotten := 0
+	for name, beat := range reg {
+		if members[name] || name == r.cfg.Name || now.Sub(beat) < r.cfg.ConsumerIdle {
+			continue
+		}
+		ok, err := consumer.ForgetSilent(ctx, r.cfg.Redis, st.Stream, st.Group, name, beat)
+		if err != nil {
+			return err
+		}
+		if ok {
+			forgotten++
+		}
+	}
+	if forgotten > 0 {
+		r.cfg.Logger.InfoContext(ctx, "reaper: forgot consumers gone from the group and silent",
+			"stream", st.Stream, "group", st.Group, "consumers", forgotten, "silent_for", r.cfg.ConsumerIdle.String())
 	}
 	return nil
 }

@@ -604,6 +604,18 @@ func TestConsumerHygiene(t *testing.T) {
 		}
 		return true
 	}, "consumers idle")
+	// The liveness registry: gone-1 beat long ago (forgotten with its
+	// removal), an old process that left the group long ago (forgotten),
+	// one whose last beat is newer than the idle time, not a member yet
+	// (kept), and the stalled
+	// consumer, silent but holding an entry (kept: still a member).
+	now := time.Now()
+	for name, beat := range map[string]time.Time{"gone-1": now.Add(-time.Hour), "left-long-ago": now.Add(-48 * time.Hour),
+		"just-started": now.Add(time.Minute), "stalled-consumer": now.Add(-time.Hour)} {
+		if err := consumer.Register(ctx, b.rdb, b.stream, b.group, name, beat); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg := b.config(t, "reaper-a")
 	cfg.ConsumerIdle = 20 * time.Millisecond
 	r := b.newReaper(t, cfg)
@@ -613,6 +625,14 @@ func TestConsumerHygiene(t *testing.T) {
 	}
 	if sum.Decisions[reaper.KindRemoveConsumer] != 2 {
 		t.Fatalf("decisions %v, want 2 removals", sum.Decisions)
+	}
+	reg, err := consumer.Registered(ctx, b.rdb, b.stream, b.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(reg, "reaper-a") // its own re-drives register it
+	if _, ok := reg["gone-1"]; ok || len(reg) != 2 || reg["just-started"].IsZero() || reg["stalled-consumer"].IsZero() {
+		t.Fatalf("registry after hygiene %v: want just-started and stalled-consumer only (and the reaper)", reg)
 	}
 	cs, err := b.rdb.XInfoConsumers(ctx, b.stream, b.group).Result()
 	if err != nil {

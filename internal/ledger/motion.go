@@ -295,6 +295,20 @@ func (l *Ledger) RecordWebhookEvent(ctx context.Context, id, typ, objectID, resu
 	return nil
 }
 
+// PruneWebhookEvents deletes up to limit remembered webhook events
+// received before before, oldest first, and returns how many it deleted.
+// Stripe retries an event for up to three days and the handler refuses a
+// signature older than its tolerance, so an event id older than that is
+// never presented again by Stripe.
+func (l *Ledger) PruneWebhookEvents(ctx context.Context, before time.Time, limit int) (int64, error) {
+	tag, err := l.pool.Exec(ctx, `DELETE FROM {schema}.webhook_events WHERE event_id IN (
+		SELECT event_id FROM {schema}.webhook_events WHERE received_at < $1 ORDER BY received_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("pruning webhook events: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Park stops the ledger's own retries of a ledger-driven pending row whose
 // takeover budget ran out (the consumer decides when): the lease goes, the
 // row stays pending and unbilled, and it is reported as stuck until a

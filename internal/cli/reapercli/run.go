@@ -95,7 +95,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.PageWorkers, "page-workers", reaper.DefaultPageWorkers, "pages decided at once")
 	fs.Int64Var(&o.MaxDeliveries, "max-deliveries", reaper.DefaultMaxDeliveries, "dead-letter (and alert) an entry delivered this many times")
 	fs.IntVar(&o.Workers, "workers", reaper.DefaultWorkers, "re-drives (Stripe calls) at once")
-	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending (0: never)")
+	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending from the group, and forget the registered names gone from it and silent this long (0: never)")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease of a re-drive; renewed every lease/3")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print every decision and change nothing (no Stripe key needed)")
 	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
