@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/migrations"
@@ -277,5 +280,54 @@ func TestMigrationLockIsPerSchema(t *testing.T) {
 	defer scancel()
 	if v, err := mh.Up(sctx); err == nil {
 		t.Fatalf("migrated %d past another migration's lock of the same schema", len(v))
+	}
+}
+
+// 00019 back-fills meter_usage from the events already in the ledger: per
+// meter, customer and month (UTC), the events sending, delivered or parked
+// (a failed one counted nothing at Stripe).
+func TestMeterUsageBackfill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.BareDB(t)
+	m, err := migrations.New(pool, testenv.SchemaOf(pool), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.UpTo(ctx, 18); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE meter_events_p202611 PARTITION OF meter_events FOR VALUES FROM ('2026-11-01 00:00+00') TO ('2026-12-01 00:00+00')`,
+		`CREATE TABLE meter_events_p202612 PARTITION OF meter_events FOR VALUES FROM ('2026-12-01 00:00+00') TO ('2027-01-01 00:00+00')`,
+		`INSERT INTO meter_events (event_ts, identifier, event_name, stripe_customer_id, value, status, first_sent_at, epoch, created_at,
+			delivered_at, last_error) VALUES
+			('2026-11-30 23:59:59+00', 'a', 'api', 'cus_1', 3, 'delivered', now(), 1, now(), now(), NULL),
+			('2026-11-30 10:00+00', 'b', 'api', 'cus_1', 4, 'sending', now(), 1, now(), NULL, NULL),
+			('2026-11-30 11:00+00', 'c', 'api', 'cus_1', 5, 'failed', now(), 1, now(), NULL, 'refused'),
+			('2026-11-30 12:00+00', 'd', 'api', 'cus_1', 2, 'parked', now(), 1, now(), NULL, 'unknown'),
+			('2026-12-01 00:00+00', 'e', 'api', 'cus_1', 7, 'delivered', now(), 1, now(), now(), NULL),
+			('2026-11-30 12:00+00', 'f', 'logins', 'cus_1', 1, 'delivered', now(), 1, now(), now(), NULL)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT event_name || ' ' || stripe_customer_id || ' ' || to_char(month, 'YYYY-MM') || ' ' || units || '/' || events
+		FROM meter_usage ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"api cus_1 2026-11 9/3", "api cus_1 2026-12 7/1", "logins cus_1 2026-11 1/1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("meter_usage after 00019: %v, want %v", got, want)
 	}
 }
