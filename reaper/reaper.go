@@ -115,8 +115,9 @@ type Config struct {
 	// ledger query and Redis round trips overlap the next page's.
 	PageWorkers int
 	// ConsumerIdle: consumers idle longer than this with nothing pending are
-	// removed from the group. Zero means DefaultConsumerIdle; negative
-	// disables removal.
+	// removed from the group, and registered names gone from the group and
+	// silent this long are forgotten (consumer.ForgetSilent). Zero means
+	// DefaultConsumerIdle; negative disables both.
 	ConsumerIdle time.Duration
 	// DryRun decides and reports every entry but changes nothing: no ack, no
 	// claim, no dead letter, no ledger write, no Stripe call, no alert.
