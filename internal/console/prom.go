@@ -77,34 +77,15 @@ func (s *Server) limiter(ctx context.Context) ([]limiterRow, error) {
 // promQuery runs an instant query and returns its vector by the role
 // label.
 func (s *Server) promQuery(ctx context.Context, q string) (map[string]float64, error) {
-	u := s.cfg.PrometheusURL + "/api/v1/query?" + url.Values{"query": {q}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
+	var result []struct {
+		Metric map[string]string `json:"metric"`
+		Value  [2]any            `json:"value"`
+	}
+	if err := s.promAPI(ctx, "query", url.Values{"query": {q}}, &result); err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("asking Prometheus: %w", err)
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&body); err != nil {
-		return nil, fmt.Errorf("Prometheus answered %s: %w", resp.Status, err)
-	}
-	if body.Status != "success" {
-		return nil, fmt.Errorf("Prometheus answered %s: %s", resp.Status, body.Error)
-	}
 	out := map[string]float64{}
-	for _, r := range body.Data.Result {
+	for _, r := range result {
 		str, _ := r.Value[1].(string)
 		v, err := strconv.ParseFloat(str, 64)
 		if err != nil || v != v { // NaN: a quantile of no requests
@@ -113,6 +94,38 @@ func (s *Server) promQuery(ctx context.Context, q string) (map[string]float64, e
 		out[r.Metric["role"]] = v
 	}
 	return out, nil
+}
+
+// promAPI calls Prometheus' HTTP API endpoint (query, query_range) with
+// params and decodes the answer's data.result into result.
+func (s *Server) promAPI(ctx context.Context, endpoint string, params url.Values, result any) error {
+	u := s.cfg.PrometheusURL + "/api/v1/" + endpoint + "?" + params.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("asking Prometheus: %w", err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&body); err != nil {
+		return fmt.Errorf("Prometheus answered %s: %w", resp.Status, err)
+	}
+	if body.Status != "success" {
+		return fmt.Errorf("Prometheus answered %s: %s", resp.Status, body.Error)
+	}
+	if err := json.Unmarshal(body.Data.Result, result); err != nil {
+		return fmt.Errorf("Prometheus answered %s: %w", resp.Status, err)
+	}
+	return nil
 }
 
 // limiterHistoryQueries are the limiter chart's series: per hour, summed
@@ -160,37 +173,19 @@ func (s *Server) limiterChart(ctx context.Context, start time.Time) (chart, erro
 // promRange runs a range query with an hour's step and returns its first
 // series' values by time (a sum without labels has one).
 func (s *Server) promRange(ctx context.Context, q string, from, to time.Time) (map[time.Time]float64, error) {
-	u := s.cfg.PrometheusURL + "/api/v1/query_range?" + url.Values{"query": {q},
-		"start": {strconv.FormatInt(from.Unix(), 10)}, "end": {strconv.FormatInt(to.Unix(), 10)}, "step": {"3600"}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
+	var result []struct {
+		Values [][2]any `json:"values"`
+	}
+	params := url.Values{"query": {q}, "start": {strconv.FormatInt(from.Unix(), 10)},
+		"end": {strconv.FormatInt(to.Unix(), 10)}, "step": {"3600"}}
+	if err := s.promAPI(ctx, "query_range", params, &result); err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("asking Prometheus: %w", err)
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []struct {
-				Values [][2]any `json:"values"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&body); err != nil {
-		return nil, fmt.Errorf("Prometheus answered %s: %w", resp.Status, err)
-	}
-	if body.Status != "success" {
-		return nil, fmt.Errorf("Prometheus answered %s: %s", resp.Status, body.Error)
-	}
 	out := map[time.Time]float64{}
-	if len(body.Data.Result) == 0 {
+	if len(result) == 0 {
 		return out, nil
 	}
-	for _, p := range body.Data.Result[0].Values {
+	for _, p := range result[0].Values {
 		ts, _ := p[0].(float64)
 		str, _ := p[1].(string)
 		if v, err := strconv.ParseFloat(str, 64); err == nil && v == v {
