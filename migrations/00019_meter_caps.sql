@@ -34,6 +34,8 @@ CREATE TABLE meter_usage (
     updated_at         timestamptz NOT NULL,
     PRIMARY KEY (event_name, stripe_customer_id, month)
 );
+-- The console finds a customer's meters by its Stripe id (search, Usage).
+CREATE INDEX meter_usage_customer_idx ON meter_usage (stripe_customer_id, month);
 COMMENT ON TABLE meter_usage IS 'Per meter, Stripe customer and month (UTC): the units and events recorded sending, delivered or parked; what meter caps are checked against (internal/meterledger).';
 
 CREATE TABLE meter_caps (

@@ -167,6 +167,15 @@ func (s *Server) search(ctx context.Context, q string) ([]searchHit, error) {
 			}
 			hits = append(hits, h)
 		}
+		// A customer billed through meters: its use and caps.
+		meters, latest, err := s.meters.CustomerMeters(ctx, q)
+		if err != nil && !missingTable(err) {
+			return nil, err
+		}
+		if meters > 0 {
+			hits = append(hits, searchHit{URL: "/usage?customer=" + url.QueryEscape(q), What: "meter usage", Label: q,
+				Note: fmt.Sprintf("%d meter(s), latest month %s", meters, latest.Format("2006-01"))})
+		}
 	case strings.HasPrefix(q, "ch_") || strings.HasPrefix(q, "py_"):
 		if err := add(ledgerHits(ctx, s.db, qSearchCharge, q, "ledger row (its charge)")); err != nil {
 			return nil, err

@@ -100,6 +100,14 @@ func (s *Server) usagePage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Caps"], data["Month"] = caps, meterledger.MonthOf(time.Now())
+	if customer != "" {
+		use, err := s.meters.CustomerUsage(r.Context(), customer, time.Now())
+		if err != nil && !missingTable(err) {
+			s.fail(w, r, err)
+			return
+		}
+		data["Use"] = use
+	}
 	s.render(w, r, http.StatusOK, "usage", data)
 }
 

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +95,37 @@ func TestUsagePageShowsFindingsAndCorrections(t *testing.T) {
 	}
 	if page := c.mustGet("/usage?customer=cus_B"); strings.Contains(page, ">cus_A</a></td>\n    <td>every month") {
 		t.Error("?customer=cus_B shows cus_A's cap")
+	}
+}
+
+// A customer billed only through meters has no ledger row: the search box
+// still finds it by its Stripe id and lands on its use of each meter this
+// month.
+func TestSearchFindsAMeterOnlyCustomer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	c := b.login(t, "alice")
+	if _, err := b.pool.Exec(ctx, `INSERT INTO {schema}.meter_usage (event_name, stripe_customer_id, month, units, events, updated_at) VALUES
+		('api_requests', 'cus_meters', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 1234, 56, now()),
+		('storage_gb', 'cus_meters', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 7, 7, now()),
+		('api_requests', 'cus_other', date_trunc('month', now() AT TIME ZONE 'UTC')::date, 99, 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+	r := c.get("/search?q=cus_meters")
+	if r.code != http.StatusSeeOther || r.location != "/usage?customer=cus_meters" {
+		t.Fatalf("search cus_meters: %d → %q, want 303 → /usage?customer=cus_meters", r.code, r.location)
+	}
+	page := c.mustGet(r.location)
+	for _, want := range []string{"Meters of cus_meters in", `id="customer-use"`, "<td class=\"n\">1234</td><td class=\"n\">56</td>", ">storage_gb<"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the customer's usage page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, ">99<") {
+		t.Error("another customer's use is shown")
+	}
+	if r := c.get("/search?q=cus_nobody"); r.code != http.StatusNotFound {
+		t.Errorf("search cus_nobody: %d, want 404", r.code)
 	}
 }

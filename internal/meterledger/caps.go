@@ -217,12 +217,38 @@ func (l *Ledger) Usage(ctx context.Context, eventName, stripeCustomerID string, 
 	if err != nil {
 		return nil, fmt.Errorf("reading %s usage: %w", eventName, err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Usage, error) {
-		var u Usage
-		err := r.Scan(&u.EventName, &u.StripeCustomerID, &u.Month, &u.Units, &u.Events)
-		u.Month = u.Month.UTC()
-		return u, err
-	})
+	return pgx.CollectRows(rows, scanUsage)
+}
+
+// CustomerUsage reads a Stripe customer's use of every meter in month,
+// ordered by meter (by meter_usage_customer_idx).
+func (l *Ledger) CustomerUsage(ctx context.Context, stripeCustomerID string, month time.Time) ([]Usage, error) {
+	rows, err := l.pool.Query(ctx, `SELECT event_name, stripe_customer_id, month, units, events FROM {schema}.meter_usage
+		WHERE stripe_customer_id = $1 AND month = $2 ORDER BY event_name`, stripeCustomerID, MonthOf(month))
+	if err != nil {
+		return nil, fmt.Errorf("reading the meter usage of %s: %w", stripeCustomerID, err)
+	}
+	return pgx.CollectRows(rows, scanUsage)
+}
+
+// CustomerMeters reports how many meters a Stripe customer was sent events
+// of in the months the ledger keeps counts for, and the latest such month
+// (zero when none).
+func (l *Ledger) CustomerMeters(ctx context.Context, stripeCustomerID string) (meters int, latest time.Time, err error) {
+	var last *time.Time
+	err = l.pool.QueryRow(ctx, `SELECT count(DISTINCT event_name), max(month) FROM {schema}.meter_usage WHERE stripe_customer_id = $1`,
+		stripeCustomerID).Scan(&meters, &last)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("reading the meters of %s: %w", stripeCustomerID, err)
+	}
+	return meters, utc(last), nil
+}
+
+func scanUsage(r pgx.CollectableRow) (Usage, error) {
+	var u Usage
+	err := r.Scan(&u.EventName, &u.StripeCustomerID, &u.Month, &u.Units, &u.Events)
+	u.Month = u.Month.UTC()
+	return u, err
 }
 
 // usageKeep is how many months of meter_usage are kept before the current
