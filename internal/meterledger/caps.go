@@ -120,13 +120,16 @@ func (c Cap) Validate() error {
 
 // capAllowsSQL is the applicable cap's verdict in SQL: the most specific cap
 // of meter name for customer sc in month (a date), true when none. It is
-// the same rule as Cap.Allows, checked where the count is updated.
+// the same rule as Cap.Allows, checked where the count is updated. It reads
+// the statement's CTE caps (the caps of the batch's meters, read once), and
+// nothing more when the batch's meters have none.
 func capAllowsSQL(name, sc, month, units, events, value string) string {
-	return `coalesce((SELECT CASE WHEN c.counts = 'events' THEN ` + events + ` + 1 <= c.cap
+	return `CASE WHEN NOT EXISTS (SELECT 1 FROM caps) THEN true ELSE coalesce((
+		SELECT CASE WHEN c.counts = 'events' THEN ` + events + ` + 1 <= c.cap
 			ELSE ` + value + ` <= 0 OR ` + units + ` + ` + value + ` <= c.cap END
-		FROM {schema}.meter_caps c WHERE c.event_name = ` + name + ` AND c.stripe_customer_id IN (` + sc + `, '*')
+		FROM caps c WHERE c.event_name = ` + name + ` AND c.stripe_customer_id IN (` + sc + `, '*')
 			AND c.month IN (to_char(` + month + `, 'YYYY-MM'), '*')
-		ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1), true)`
+		ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1), true) END`
 }
 
 // capLookupSQL selects the applicable cap (a LATERAL subquery aliased c).

@@ -330,6 +330,8 @@ WITH a AS (
 		$8::bigint[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::text[],
 		$18::bool[])
 		AS a(i, op, ts, id, name, sc, cust, val, owner, exp, msg, seen_epoch, cas, tok, reason, cnt)
+), caps AS MATERIALIZED (
+	SELECT * FROM {schema}.meter_caps WHERE event_name = ANY($5)
 ), locked AS (
 	SELECT s.stripe_customer_id AS sc, s.event_name AS name FROM {schema}.meter_inflight s
 	JOIN a ON s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
