@@ -1,5 +1,6 @@
 // Package meterledger is the only code that reads or writes meter_events and
-// meter_inflight (migration 00014): the ledger of usage events sent to
+// meter_inflight (migration 00014), meter_usage and meter_caps (00019,
+// caps.go): the ledger of usage events sent to
 // Stripe Billing Meters, so that each is counted by Stripe at most once
 // (DESIGN.md invariant 12) whatever Redis redelivers.
 //
