@@ -38,7 +38,9 @@ func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
 	if err != nil {
 		return fmt.Errorf("XINFO CONSUMERS: %w", err)
 	}
+	members := make(map[string]bool, len(cs))
 	for _, c := range cs {
+		members[c.Name] = true
 		if c.Name == r.cfg.Name || c.Pending > 0 || c.Idle < r.cfg.ConsumerIdle {
 			continue
 		}
@@ -53,32 +55,27 @@ func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
 			if n < 0 {
 				continue // it read something since XINFO: alive after all
 			}
+			delete(members, c.Name)
 		}
 		r.record(p, d)
 	}
 	if r.cfg.DryRun {
 		return nil
 	}
-	return r.forgetRegistered(ctx, st)
+	return r.forgetRegistered(ctx, st, members)
 }
 
 // forgetRegistered removes from the liveness registry the names that are
-// not members of the group (never were, or removed above) and whose last
-// heartbeat is older than ConsumerIdle. A name with pending entries is a
-// member, so none is forgotten while it holds something; one that beats
-// again between the read and the removal stays (ForgetSilent compares).
-func (r *Reaper) forgetRegistered(ctx context.Context, st *streamState) error {
+// not group members (never were, or removed above: members is the group
+// as hygiene left it) and whose last heartbeat is older than ConsumerIdle.
+// A name with pending entries is a member, so none is forgotten while it
+// holds something; one that beats again between the read and the removal
+// stays (ForgetSilent compares). A consumer that joined the group since
+// XINFO has beaten within ConsumerIdle, or it would not be reading.
+func (r *Reaper) forgetRegistered(ctx context.Context, st *streamState, members map[string]bool) error {
 	reg, err := consumer.Registered(ctx, r.cfg.Redis, st.Stream, st.Group)
 	if err != nil {
 		return err
-	}
-	cs, err := r.cfg.Redis.XInfoConsumers(ctx, st.Stream, st.Group).Result()
-	if err != nil {
-		return fmt.Errorf("XINFO CONSUMERS: %w", err)
-	}
-	members := make(map[string]bool, len(cs))
-	for _, c := range cs {
-		members[c.Name] = true
 	}
 	now := r.cfg.Clock.Now()
 	forgotten := 0

@@ -118,26 +118,42 @@ func (c Cap) Validate() error {
 	return ValidMonth(c.Month)
 }
 
-// capAllowsSQL is the applicable cap's verdict in SQL: the most specific cap
-// of meter name for customer sc in month (a date), true when none. It is
-// the same rule as Cap.Allows, checked where the count is updated. It reads
-// the statement's CTE caps (the caps of the batch's meters, read once), and
+// monthSQL is MonthOf in SQL: the month (a date, its first day) the events
+// of timestamp ts count in.
+func monthSQL(ts string) string {
+	return `date_trunc('month', ` + ts + ` AT TIME ZONE 'UTC')::date`
+}
+
+// applicableSQL is the precedence rule in SQL, written once: of the caps in
+// table (aliased c), the one that applies to customer sc's events of meter
+// name in month (a date) — the customer's own before '*', then the month's
+// before '*' — as a FROM … LIMIT 1 clause.
+func applicableSQL(table, name, sc, month string) string {
+	return `FROM ` + table + ` c WHERE c.event_name = ` + name + ` AND c.stripe_customer_id IN (` + sc + `, '*')
+			AND c.month IN (to_char(` + month + `, 'YYYY-MM'), '*')
+		ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1`
+}
+
+// capAllowsSQL is the applicable cap's verdict in SQL, true when none: the
+// rule of Cap.Allows, checked where the count is updated. It reads the
+// statement's CTE caps (the caps of the batch's meters, read once), and
 // nothing more when the batch's meters have none.
 func capAllowsSQL(name, sc, month, units, events, value string) string {
 	return `CASE WHEN NOT EXISTS (SELECT 1 FROM caps) THEN true ELSE coalesce((
 		SELECT CASE WHEN c.counts = 'events' THEN ` + events + ` + 1 <= c.cap
 			ELSE ` + value + ` <= 0 OR ` + units + ` + ` + value + ` <= c.cap END
-		FROM caps c WHERE c.event_name = ` + name + ` AND c.stripe_customer_id IN (` + sc + `, '*')
-			AND c.month IN (to_char(` + month + `, 'YYYY-MM'), '*')
-		ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1), true) END`
+		` + applicableSQL("caps", name, sc, month) + `), true) END`
 }
 
-// capLookupSQL selects the applicable cap (a LATERAL subquery aliased c).
-func capLookupSQL(name, sc, month string) string {
-	return `(SELECT c.event_name, c.stripe_customer_id, c.month, c.cap, c.counts, c.updated_at
-		FROM {schema}.meter_caps c WHERE c.event_name = ` + name + ` AND c.stripe_customer_id IN (` + sc + `, '*')
-			AND c.month IN (to_char(` + month + `, 'YYYY-MM'), '*')
-		ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1)`
+// uncountSQL takes the events of src (a relation with event_name,
+// stripe_customer_id, event_ts and value, and its condition) back from
+// their customers' use, at time at: Stripe refused them, or their rows
+// were never written.
+func uncountSQL(src, at string) string {
+	return `UPDATE {schema}.meter_usage m SET units = m.units - g.units, events = m.events - g.events, updated_at = ` + at + `
+	FROM (SELECT event_name, stripe_customer_id, ` + monthSQL("event_ts") + ` AS month, sum(value) AS units, count(*) AS events
+		FROM ` + src + ` GROUP BY 1, 2, 3) g
+	WHERE m.event_name = g.event_name AND m.stripe_customer_id = g.stripe_customer_id AND m.month = g.month`
 }
 
 // SetCap creates or changes a cap. It may be set below what a customer
@@ -198,8 +214,8 @@ func scanCap(r pgx.CollectableRow) (Cap, error) {
 // CapFor returns the cap that applies to a customer's events of eventName
 // in month (the most specific); found is false when none does.
 func (l *Ledger) CapFor(ctx context.Context, eventName, stripeCustomerID string, month time.Time) (c Cap, found bool, err error) {
-	rows, err := l.pool.Query(ctx, `SELECT c.* FROM `+capLookupSQL("$1", "$2", "$3::date")+` c`,
-		eventName, stripeCustomerID, MonthOf(month))
+	rows, err := l.pool.Query(ctx, `SELECT c.event_name, c.stripe_customer_id, c.month, c.cap, c.counts, c.updated_at
+		`+applicableSQL("{schema}.meter_caps", "$1", "$2", "$3::date"), eventName, stripeCustomerID, MonthOf(month))
 	if err != nil {
 		return Cap{}, false, fmt.Errorf("reading the %s cap of %s: %w", eventName, stripeCustomerID, err)
 	}
@@ -307,8 +323,7 @@ func (l *Ledger) CapsInUse(ctx context.Context, eventName string, month time.Tim
 			SELECT c.event_name, c.stripe_customer_id, c.month,
 				CASE WHEN c.counts = 'events' THEN u.events ELSE u.units END AS used, c.cap
 			FROM {schema}.meter_usage u
-			CROSS JOIN LATERAL (SELECT * FROM caps c WHERE c.event_name = u.event_name AND c.stripe_customer_id IN (u.stripe_customer_id, '*')
-				ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1) c
+			CROSS JOIN LATERAL (SELECT * `+applicableSQL("caps", "u.event_name", "u.stripe_customer_id", "$2::date")+`) c
 			WHERE u.month = $2::date AND ($1 = '' OR u.event_name = $1)
 		)
 		SELECT c.event_name, c.stripe_customer_id, c.month, c.cap, c.counts, c.updated_at,

@@ -103,7 +103,7 @@ func (l *Ledger) Finish(ctx context.Context, outs []Outcome) (recorded []bool, e
 // finishSQL frees the slots first (the order Reserve locks in: slots, then
 // rows), then writes the rows, takes a failed event's value back from its
 // customer's use of the meter, then the witness.
-const finishSQL = `
+var finishSQL = `
 WITH u AS (
 	SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[])
 		WITH ORDINALITY AS u(ts, id, e, st, reason, sc, name, tok, i)
@@ -121,11 +121,7 @@ WITH u AS (
 	RETURNING u.i, u.st, m.event_name, m.stripe_customer_id, m.event_ts, m.value
 ), uncounted AS (
 	-- Stripe refused these: they count nothing against the customer's use.
-	UPDATE {schema}.meter_usage m SET units = m.units - g.units, events = m.events - g.events, updated_at = $9
-	FROM (SELECT event_name, stripe_customer_id, date_trunc('month', event_ts AT TIME ZONE 'UTC')::date AS month,
-			sum(value) AS units, count(*) AS events
-		FROM done WHERE st = 'failed' GROUP BY 1, 2, 3) g
-	WHERE m.event_name = g.event_name AND m.stripe_customer_id = g.stripe_customer_id AND m.month = g.month
+	` + uncountSQL("done WHERE st = 'failed'", "$9") + `
 ), bump AS (
 	-- ledger.BumpWitness's statement: an ack follows a terminal outcome.
 	INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at)

@@ -140,11 +140,9 @@ func (l *Ledger) read(ctx context.Context, reqs []Request) ([]*item, error) {
 		FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS r(ts, id, sc, name, i)
 		LEFT JOIN {schema}.meter_events m ON m.event_ts = r.ts AND m.identifier = r.id AND m.event_ts = ANY($1)
 		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = r.sc AND s.event_name = r.name
-		LEFT JOIN LATERAL (SELECT * FROM caps c WHERE c.event_name = r.name AND c.stripe_customer_id IN (r.sc, '*')
-			AND c.month IN (to_char(r.ts AT TIME ZONE 'UTC', 'YYYY-MM'), '*')
-			ORDER BY c.stripe_customer_id = '*', c.month = '*' LIMIT 1) c ON true
+		LEFT JOIN LATERAL (SELECT * `+applicableSQL("caps", "r.name", "r.sc", monthSQL("r.ts"))+`) c ON true
 		LEFT JOIN {schema}.meter_usage u ON c.cap IS NOT NULL AND u.event_name = r.name AND u.stripe_customer_id = r.sc
-			AND u.month = date_trunc('month', r.ts AT TIME ZONE 'UTC')::date`,
+			AND u.month = `+monthSQL("r.ts"),
 		ts, ids, scs, names)
 	if err != nil {
 		return nil, fmt.Errorf("reading %d meter events: %w", n, err)
@@ -298,15 +296,12 @@ func (l *Ledger) giveBack(ctx context.Context, leaked []*item) error {
 	}
 	if _, err := l.pool.Exec(ctx, `WITH u AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::bigint[], $6::bool[])
-				AS u(sc, name, tok, ts, val, cnt)
+				AS u(stripe_customer_id, event_name, tok, event_ts, value, cnt)
 		), freed AS (
 			DELETE FROM {schema}.meter_inflight s USING u
-			WHERE s.stripe_customer_id = u.sc AND s.event_name = u.name AND s.token = u.tok
+			WHERE s.stripe_customer_id = u.stripe_customer_id AND s.event_name = u.event_name AND s.token = u.tok
 		)
-		UPDATE {schema}.meter_usage m SET units = m.units - g.units, events = m.events - g.events, updated_at = now()
-		FROM (SELECT name, sc, date_trunc('month', ts AT TIME ZONE 'UTC')::date AS month, sum(val) AS units, count(*) AS events
-			FROM u WHERE cnt GROUP BY 1, 2, 3) g
-		WHERE m.event_name = g.name AND m.stripe_customer_id = g.sc AND m.month = g.month`,
+		`+uncountSQL("u WHERE cnt", "now()"),
 		scs, names, toks, ts, vals, cnts); err != nil {
 		return fmt.Errorf("giving back %d unused meter slots: %w", n, err)
 	}
@@ -325,7 +320,7 @@ func (l *Ledger) giveBack(ctx context.Context, leaked []*item) error {
 // written only if its use was counted.
 var reserveSQL = `
 WITH a AS (
-	SELECT *, date_trunc('month', a.ts AT TIME ZONE 'UTC')::date AS month
+	SELECT *, ` + monthSQL("a.ts") + ` AS month
 	FROM unnest($1::int[], $2::int[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::text[],
 		$8::bigint[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::text[],
 		$18::bool[])
