@@ -105,6 +105,9 @@ func TestProducerMaxLenLossAlerted(t *testing.T) {
 	if len(recs) != 2 {
 		t.Fatalf("%d loss records for the console, want 2", len(recs))
 	}
+	if ttl := b.rdb.TTL(ctx, reaper.LossesKey(b.stream)).Val(); ttl <= 0 || ttl > 30*24*time.Hour {
+		t.Errorf("the loss records' TTL %s: want them to expire within 30 days", ttl)
+	}
 	b.rdb.Del(ctx, reaper.LossesKey(b.stream))
 }
 
