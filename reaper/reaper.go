@@ -362,6 +362,10 @@ type streamState struct {
 	// last alerted. Only the pass's own goroutine touches them.
 	lossSeen    map[string]string
 	deadAlerted time.Time
+	// intact is, per group that has read nothing (entries-read null), the
+	// entries the stream had lost (entries-added − length) when a pass last
+	// saw no gap under the group (detectLoss).
+	intact map[string]int64
 }
 
 // New validates cfg and builds a Reaper.

@@ -111,8 +111,16 @@ func (r *Reaper) trim(ctx context.Context, st *streamState) error {
 // detectLoss compares each group on st's stream with the stream's first
 // entry. Trimming moves recorded-first-entry-id and not
 // max-deleted-entry-id; a group whose last-delivered-id is below the first
-// entry has entries it never read gone. While its entries-read is valid
-// (lag not null), (entries-added − length) − entries-read counts them.
+// entry has entries it never read gone. While its entries-read is valid,
+// (entries-added − length) − entries-read counts them; when lag is null,
+// the count is unknown.
+//
+// A group that has read nothing has no valid entries-read, and Redis
+// cannot tell a group that lost entries from one created at 0 (or moved
+// back) after they were trimmed: the recreated group after a failover,
+// another team's new group. Such a group's loss is alerted only when an
+// earlier pass saw it with no gap (intact): what was removed since then
+// was added while it existed, unread.
 //
 // The loss is visible while the group has not read past it: the next
 // XREADGROUP jumps over the gap. A group whose consumers run reads past a
@@ -131,30 +139,51 @@ func (r *Reaper) detectLoss(ctx context.Context, st *streamState) error {
 	if err != nil {
 		return fmt.Errorf("XINFO GROUPS: %w", err)
 	}
-	// Past the first entry that is left; an empty stream lost all it held.
-	first, firstKnown := info.RecordedFirstEntryID, info.Length > 0
+	removed := info.EntriesAdded - info.Length
+	if st.intact == nil {
+		st.intact = map[string]int64{}
+	}
+	present := make(map[string]bool, len(groups))
 	for _, g := range groups {
+		present[g.Name] = true
 		var l alerts.StreamLoss
 		switch {
-		case firstKnown && idLess(g.LastDeliveredID, prevID(first)):
-			l = alerts.StreamLoss{After: g.LastDeliveredID, Before: first}
-		case !firstKnown && info.EntriesAdded > 0 && idLess(g.LastDeliveredID, info.LastGeneratedID):
+		case removed > 0 && info.Length > 0 && idLess(g.LastDeliveredID, prevID(info.RecordedFirstEntryID)):
+			l = alerts.StreamLoss{After: g.LastDeliveredID, Before: info.RecordedFirstEntryID}
+		case info.Length == 0 && removed > 0 && idLess(g.LastDeliveredID, info.LastGeneratedID):
+			// An empty stream lost all it held.
 			l = alerts.StreamLoss{After: g.LastDeliveredID, Before: nextID(info.LastGeneratedID)}
 		default:
+			if g.EntriesRead == 0 { // nothing read (go-redis reads a null entries-read as 0)
+				st.intact[g.Name] = removed
+			} else {
+				delete(st.intact, g.Name)
+			}
 			continue
 		}
 		l.Stream, l.Group, l.Count = st.Stream, g.Name, -1
-		if g.Lag >= 0 {
-			l.Count = (info.EntriesAdded - info.Length) - g.EntriesRead
-			if l.Count <= 0 {
-				continue // the gap held nothing (ids are not dense)
+		if g.EntriesRead == 0 {
+			before, ok := st.intact[g.Name]
+			if !ok {
+				continue // never seen whole: created at 0 or moved back after the trim, or lost before this process watched
 			}
+			l.Count = removed - before
+		} else if g.Lag >= 0 {
+			l.Count = removed - g.EntriesRead
+		}
+		if l.Count == 0 || l.Count < -1 {
+			continue // the gap held nothing (ids are not dense)
 		}
 		if pend, err := r.cfg.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: st.Stream, Group: g.Name,
 			Start: "-", End: "(" + l.Before, Count: r.cfg.PageSize}).Result(); err == nil {
 			l.Pending = int64(len(pend))
 		}
 		r.reportLoss(ctx, st, l)
+	}
+	for name := range st.intact {
+		if !present[name] {
+			delete(st.intact, name)
+		}
 	}
 	return nil
 }
