@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/reaper"
 )
 
@@ -175,5 +176,50 @@ func TestGroupCreatedLateIsNotALoss(t *testing.T) {
 	}
 	if as := streamLossAlerts(b.notifier); len(as) != 0 {
 		t.Fatalf("a group created after the trim was alerted as a loss: %+v", as)
+	}
+}
+
+// TestMeterStreamsAreTrimmedAndWatched: a meter-event stream gets the
+// same bounds: read and acked entries past the retention are trimmed, the
+// pending ones kept, and a producer's MAXLEN under a stopped group alerted.
+func TestMeterStreamsAreTrimmedAndWatched(t *testing.T) {
+	b := meterSetup(t)
+	ctx := context.Background()
+	at := b.clk.Now()
+	evs := make([]event.MeterEvent, 400)
+	for i := range evs {
+		evs[i] = usage(i%7, i, at)
+	}
+	b.addUsage(t, evs...)
+	msgs := readAck(t, b.rdb, b.stream, b.group, "meter-1", 400, 300) // 100 left pending
+	cfg := b.meterConfig(t)
+	cfg.MinIdle = time.Hour
+	r := b.newReaper(t, cfg)
+	b.clk.Advance(reaper.DefaultStreamRetention + time.Minute)
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.rdb.XLen(ctx, b.stream).Val(); n >= 400 || n < 100 {
+		t.Fatalf("XLEN %d: want the acked entries trimmed and the 100 pending kept", n)
+	}
+	ids := make([]string, 0, 100)
+	for _, m := range msgs[300:] {
+		ids = append(ids, m.ID)
+	}
+	if gone := missing(t, b.rdb, b.stream, ids); len(gone) > 0 {
+		t.Fatalf("%d pending meter events trimmed, first %s", len(gone), gone[0])
+	}
+	for i := range 500 {
+		if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, MaxLen: 50, Approx: true,
+			Values: map[string]any{"payload": usage(1, 1000+i, b.clk.Now()).Payload()}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := streamLossAlerts(b.notifier)
+	if len(lost) != 1 || !strings.Contains(lost[0].Title, b.stream) {
+		t.Fatalf("alerts %+v: want one loss on the meter stream", lost)
 	}
 }
