@@ -91,6 +91,13 @@ func (r *Reaper) ackAll(ctx context.Context, st *streamState, acks []Decision, p
 			}
 			return fmt.Errorf("XACK %d entries: %w", len(ids), err)
 		}
+		var gone []string
+		for _, d := range acks {
+			if d.Kind == KindGone {
+				gone = append(gone, d.ID)
+			}
+		}
+		st.noteGone(gone)
 	}
 	for _, d := range acks {
 		r.record(p, d)

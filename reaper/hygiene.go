@@ -3,6 +3,7 @@ package reaper
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"time"
 
@@ -21,13 +22,20 @@ var uncountLua string
 
 var uncountScript = redis.NewScript(uncountLua)
 
-// hygiene removes consumers idle longer than ConsumerIdle that have nothing
+// hygiene keeps a stream and its group bounded: it removes idle consumers
+// (removeIdle) and then bounds the stream itself (bound, trim.go: lost
+// entries, the safe trim, the dead letters).
+func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
+	return errors.Join(r.removeIdle(ctx, st, p), r.bound(ctx, st))
+}
+
+// removeIdle removes consumers idle longer than ConsumerIdle that have nothing
 // pending. Dead consumers' names otherwise pile up in the group (every
 // process has a unique name). The reaper's own name is never removed: it may
 // be between a claim and a re-drive. Then it forgets, in the liveness
 // registry, the names that are no longer group members and have not beaten
 // for ConsumerIdle (forgetRegistered).
-func (r *Reaper) hygiene(ctx context.Context, st *streamState, p *pass) error {
+func (r *Reaper) removeIdle(ctx context.Context, st *streamState, p *pass) error {
 	if r.cfg.ConsumerIdle < 0 {
 		return nil
 	}

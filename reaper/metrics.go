@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 )
 
@@ -17,6 +18,13 @@ type Metrics struct {
 	pelSize    *prometheus.GaugeVec
 	oldestIdle *prometheus.GaugeVec
 	inFlightG  prometheus.Gauge
+
+	trimmedC    *prometheus.CounterVec
+	lengthG     *prometheus.GaugeVec
+	lostC       *prometheus.CounterVec
+	lossesC     *prometheus.CounterVec
+	deadG       *prometheus.GaugeVec
+	deadOldestG *prometheus.GaugeVec
 }
 
 // NewMetrics registers the reaper's series on reg (nil: unregistered).
@@ -47,9 +55,34 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "pelguard_reaper_redrives_in_flight",
 			Help: "Re-drives running now.",
 		}),
+		trimmedC: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_reaper_stream_trimmed_total",
+			Help: "Entries the reaper trimmed from a stream: read and acked by every group, and older than --stream-retention.",
+		}, []string{"stream"}),
+		lengthG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pelguard_reaper_stream_length",
+			Help: "XLEN of the stream after the last pass's trim.",
+		}, []string{"stream"}),
+		lostC: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_reaper_stream_entries_lost_total",
+			Help: "Entries that left a stream before a group billed them, by stream, group and how: unread (trimmed or deleted before the group read them) or gone (pending, acked by the reaper because their bodies were gone). Losses of unknown size count in pelguard_reaper_stream_losses_total only.",
+		}, []string{"stream", "group", "how"}),
+		lossesC: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pelguard_reaper_stream_losses_total",
+			Help: "Losses detected (each one alert stream_entries_lost), by stream, group and how (unread, gone), including those whose size Redis cannot tell.",
+		}, []string{"stream", "group", "how"}),
+		deadG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pelguard_reaper_dead_letters",
+			Help: "Entries in the stream's dead-letter stream (<stream>:dead), which is never trimmed.",
+		}, []string{"stream"}),
+		deadOldestG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pelguard_reaper_dead_letter_oldest_seconds",
+			Help: "Age of the oldest entry of the stream's dead-letter stream (0 when empty).",
+		}, []string{"stream"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.redrives, m.passes, m.pelSize, m.oldestIdle, m.inFlightG)
+		reg.MustRegister(m.decisions, m.redrives, m.passes, m.pelSize, m.oldestIdle, m.inFlightG,
+			m.trimmedC, m.lengthG, m.lostC, m.lossesC, m.deadG, m.deadOldestG)
 	}
 	return m
 }
@@ -77,6 +110,47 @@ func (m *Metrics) pel(stream string, size int64, oldest time.Duration) {
 		m.pelSize.WithLabelValues(stream).Set(float64(size))
 		m.oldestIdle.WithLabelValues(stream).Set(oldest.Seconds())
 	}
+}
+
+func (m *Metrics) trimmed(stream string, removed, length int64) {
+	if m != nil {
+		m.trimmedC.WithLabelValues(stream).Add(float64(removed))
+		m.lengthG.WithLabelValues(stream).Set(float64(length))
+	}
+}
+
+func (m *Metrics) lost(l alerts.StreamLoss) {
+	if m == nil {
+		return
+	}
+	how := "unread"
+	if l.Gone {
+		how = "gone"
+	}
+	m.lossesC.WithLabelValues(l.Stream, l.Group, how).Inc()
+	if l.Count > 0 {
+		m.lostC.WithLabelValues(l.Stream, l.Group, how).Add(float64(l.Count))
+	}
+}
+
+func (m *Metrics) deadLetters(stream string, n int64, oldest time.Duration) {
+	if m != nil {
+		m.deadG.WithLabelValues(stream).Set(float64(n))
+		m.deadOldestG.WithLabelValues(stream).Set(oldest.Seconds())
+	}
+}
+
+// Lost returns the entries counted lost on stream for group, how "unread"
+// or "gone": for tests.
+func (m *Metrics) Lost(stream, group, how string) float64 {
+	if m == nil {
+		return 0
+	}
+	var out dto.Metric
+	if err := m.lostC.WithLabelValues(stream, group, how).Write(&out); err != nil {
+		return 0
+	}
+	return out.GetCounter().GetValue()
 }
 
 func (m *Metrics) inFlight(delta float64) {

@@ -53,19 +53,27 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		errs = append(errs, fmt.Errorf("reading the periods with imported history: %w", err))
 	}
 	for _, st := range r.streams {
+		if err := r.detectLoss(ctx, st); err != nil {
+			errs = append(errs, fmt.Errorf("detecting lost entries of %s: %w", st, err))
+		}
 		if err := r.reapStream(ctx, workCtx, st, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping %s: %w", st, err))
 		}
+		r.reportGone(ctx, st)
 		if err := r.hygiene(ctx, st, p); err != nil {
-			errs = append(errs, fmt.Errorf("consumer hygiene on %s: %w", st, err))
+			errs = append(errs, fmt.Errorf("hygiene on %s: %w", st, err))
 		}
 	}
 	for _, ms := range r.meters {
+		if err := r.detectLoss(ctx, ms.streamState); err != nil {
+			errs = append(errs, fmt.Errorf("detecting lost entries of %s: %w", ms, err))
+		}
 		if err := r.reapMeterStream(ctx, workCtx, ms, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping meter stream %s: %w", ms, err))
 		}
+		r.reportGone(ctx, ms.streamState)
 		if err := r.hygiene(ctx, ms.streamState, p); err != nil {
-			errs = append(errs, fmt.Errorf("consumer hygiene on %s: %w", ms, err))
+			errs = append(errs, fmt.Errorf("hygiene on %s: %w", ms, err))
 		}
 	}
 	elapsed := time.Since(start)

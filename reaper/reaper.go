@@ -40,6 +40,7 @@ import (
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/startstop"
 	"github.com/pelguard/pelguard/internal/tracing"
 )
@@ -59,7 +60,39 @@ const (
 	// are removed from the group. Zero in Config means this default; a
 	// negative value disables hygiene.
 	DefaultConsumerIdle = 24 * time.Hour
+	// DefaultStreamRetention: entries are kept a week even once every group
+	// has read and acked them, for replay, for a ledger rollback's re-ingest
+	// (the repair reads Stripe back at most rollback's seven-day fallback),
+	// for groups created at 0 or moved back, and for readers without a group.
+	DefaultStreamRetention = 7 * 24 * time.Hour
+	// DefaultTrimLimit is XTRIM's LIMIT per stream and pass (Redis's own
+	// default for "~"): one call removes at most this many entries, so it
+	// never blocks Redis for long; a backlog goes over several passes.
+	DefaultTrimLimit = 10_000
+	// DefaultDeadLetterMax and DefaultDeadLetterMaxAge: a dead-letter stream
+	// with this many entries, or whose oldest entry is this old, is alerted
+	// on (KindDeadLettersWaiting).
+	DefaultDeadLetterMax    = 1000
+	DefaultDeadLetterMaxAge = 72 * time.Hour
+	// retentionReach is how far before an event's first attempt the
+	// ledger's repair after a rollback may need its entry: rollback's
+	// DefaultMargin before the last surviving stamp, and the hour a
+	// look-up lists before a first attempt (consumer's lookupSince).
+	retentionReach = rollback.DefaultMargin + time.Hour
 )
+
+// MinStreamRetention is the shortest StreamRetention Validate accepts for
+// cfg: the longest safe window (--safe-key-window, and --meter-safe-window
+// with meter streams) plus the repair's reach. A shorter retention could
+// trim an entry whose outcome a re-ingest after a ledger rollback must
+// still settle by its key.
+func MinStreamRetention(cfg Config) time.Duration {
+	w := cmp.Or(cfg.SafeKeyWindow, consumer.DefaultSafeKeyWindow)
+	if len(cfg.MeterStreams) > 0 {
+		w = max(w, cfg.MeterSafeWindow)
+	}
+	return w + retentionReach
+}
 
 // StreamGroup is one stream and the consumer group the reaper tends on it.
 type StreamGroup struct {
@@ -119,6 +152,19 @@ type Config struct {
 	// silent this long are forgotten (consumer.ForgetSilent). Zero means
 	// DefaultConsumerIdle; negative disables both.
 	ConsumerIdle time.Duration
+	// StreamRetention: every pass trims each stream (trim.lua) to the oldest
+	// entry any group on it still needs, and never past this age. Zero means
+	// DefaultStreamRetention; negative disables trimming. It must be at
+	// least MinStreamRetention. Dead-letter streams are never trimmed.
+	StreamRetention time.Duration
+	// TrimLimit bounds the entries one pass removes per stream (XTRIM's
+	// LIMIT); zero means DefaultTrimLimit.
+	TrimLimit int64
+	// DeadLetterMax and DeadLetterMaxAge: alert when a stream's dead-letter
+	// stream holds this many entries or its oldest is this old. Zero means
+	// the default; negative disables that check.
+	DeadLetterMax    int64
+	DeadLetterMaxAge time.Duration
 	// DryRun decides and reports every entry but changes nothing: no ack, no
 	// claim, no dead letter, no ledger write, no Stripe call, no alert.
 	DryRun bool
@@ -195,6 +241,10 @@ func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.PageWorkers = cmp.Or(c.PageWorkers, DefaultPageWorkers)
 	c.ConsumerIdle = cmp.Or(c.ConsumerIdle, DefaultConsumerIdle)
+	c.StreamRetention = cmp.Or(c.StreamRetention, DefaultStreamRetention)
+	c.TrimLimit = cmp.Or(c.TrimLimit, DefaultTrimLimit)
+	c.DeadLetterMax = cmp.Or(c.DeadLetterMax, DefaultDeadLetterMax)
+	c.DeadLetterMaxAge = cmp.Or(c.DeadLetterMaxAge, DefaultDeadLetterMaxAge)
 	c.Namespace = cmp.Or(c.Namespace, consumer.DefaultNamespace)
 	c.Lease = cmp.Or(c.Lease, consumer.DefaultLease)
 	c.SafeKeyWindow = cmp.Or(c.SafeKeyWindow, consumer.DefaultSafeKeyWindow)
@@ -237,6 +287,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("reaper: --workers %d must be between 1 and 256", c.Workers)
 	case c.PageWorkers < 1 || c.PageWorkers > 64:
 		return fmt.Errorf("reaper: --page-workers %d must be between 1 and 64", c.PageWorkers)
+	case c.StreamRetention > 0 && c.StreamRetention < MinStreamRetention(*c):
+		return fmt.Errorf("reaper: --stream-retention %s is below %s (the safe window plus the ledger repair's reach): raise it to at least %s, or 0 to leave trimming to someone else",
+			c.StreamRetention, MinStreamRetention(*c), MinStreamRetention(*c))
+	case c.TrimLimit < 1:
+		return fmt.Errorf("reaper: the trim limit %d must be at least 1", c.TrimLimit)
 	}
 	if err := c.validateExternal(); err != nil {
 		return err
@@ -297,6 +352,20 @@ type streamState struct {
 	registered   map[string]bool
 	unregistered map[string]int
 	unregMu      sync.Mutex
+
+	// gone is this pass's pending entries acked because their bodies were
+	// gone (noteGone), alerted at the end of the pass (reportGone).
+	gone   goneSpan
+	goneMu sync.Mutex
+	// lossSeen is the last loss alerted per group (lossKey), so a loss is
+	// alerted once, not every pass; deadAlerted, when the dead letters were
+	// last alerted. Only the pass's own goroutine touches them.
+	lossSeen    map[string]string
+	deadAlerted time.Time
+	// intact is, per group that has read nothing (entries-read null), the
+	// entries the stream had lost (entries-added − length) when a pass last
+	// saw no gap under the group (detectLoss).
+	intact map[string]int64
 }
 
 // New validates cfg and builds a Reaper.

@@ -155,7 +155,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	data["Streams"] = s.streamStats(ctx)
+	data["Streams"], data["Losses"] = s.streamStats(ctx), s.streamLosses(ctx)
 	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
 	lr := <-liveCh
 	if lr.err != nil {

@@ -12,8 +12,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/reaper"
 )
 
 // streamStat is one stream's PEL and dead letters, from Redis (not from
@@ -62,6 +64,24 @@ func (s *Server) streamStats(ctx context.Context) []streamStat {
 		ss.Dead, _ = s.cfg.Redis.XLen(ctx, consumer.DeadLetterStream(st.Name)).Result()
 		out = append(out, ss)
 	}
+	return out
+}
+
+// streamLosses reads the losses the reaper recorded per stream (entries a
+// group never read, pending entries acked with their bodies gone), newest
+// first. A failed read is shown as a line, not a failed page.
+func (s *Server) streamLosses(ctx context.Context) []reaper.LossRecord {
+	var out []reaper.LossRecord
+	for _, st := range s.cfg.Streams {
+		ls, err := reaper.Losses(ctx, s.cfg.Redis, st.Name)
+		if err != nil {
+			out = append(out, reaper.LossRecord{StreamLoss: alerts.StreamLoss{Stream: st.Name, Count: -1,
+				After: "unreadable: " + redact.String(err.Error())}})
+			continue
+		}
+		out = append(out, ls...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seen.After(out[j].Seen) })
 	return out
 }
 

@@ -61,6 +61,9 @@ type RunOptions struct {
 	MaxDeliveries      int64
 	Workers            int
 	ConsumerIdle       time.Duration // 0: never remove idle consumers
+	StreamRetention    time.Duration // 0: never trim
+	DeadLetterMax      int64         // 0: no size alert
+	DeadLetterMaxAge   time.Duration // 0: no age alert
 	Lease              time.Duration
 	DryRun, Once, JSON bool
 	ShutdownTimeout    time.Duration
@@ -96,6 +99,9 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxDeliveries, "max-deliveries", reaper.DefaultMaxDeliveries, "dead-letter (and alert) an entry delivered this many times")
 	fs.IntVar(&o.Workers, "workers", reaper.DefaultWorkers, "re-drives (Stripe calls) at once")
 	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "remove consumers idle this long with nothing pending from the group, and forget the registered names gone from it and silent this long (0: never)")
+	fs.DurationVar(&o.StreamRetention, "stream-retention", cli.EnvDuration("PELGUARD_STREAM_RETENTION", reaper.DefaultStreamRetention), "trim each stream to the oldest entry any consumer group on it still needs, keeping at least this long (replay, re-ingest after a ledger rollback, groups created at 0, readers without a group);\nat least the safe window + 1h05m (0: never trim; then no producer may trim with MAXLEN either) [PELGUARD_STREAM_RETENTION]")
+	fs.Int64Var(&o.DeadLetterMax, "dead-letter-max", reaper.DefaultDeadLetterMax, "alert when a stream's dead letters (<stream>:dead, never trimmed) reach this many (0: never)")
+	fs.DurationVar(&o.DeadLetterMaxAge, "dead-letter-max-age", reaper.DefaultDeadLetterMaxAge, "alert when a stream's oldest dead letter is this old (0: never)")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease of a re-drive; renewed every lease/3")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print every decision and change nothing (no Stripe key needed)")
 	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
@@ -135,6 +141,13 @@ func (o *RunOptions) Validate() error {
 		for _, p := range pairs {
 			o.streams = append(o.streams, reaper.StreamGroup{Stream: p.Stream, Group: p.Group})
 		}
+	}
+	if o.StreamRetention < 0 || o.DeadLetterMax < 0 || o.DeadLetterMaxAge < 0 {
+		return cli.Usagef("--stream-retention, --dead-letter-max and --dead-letter-max-age must not be negative (0 turns each off)")
+	}
+	if cfg := o.config(); o.StreamRetention > 0 && o.StreamRetention < reaper.MinStreamRetention(cfg) {
+		return cli.Usagef("--stream-retention %s is below %s (the safe window plus the ledger repair's reach): raise it to at least %s, or 0 to turn trimming off",
+			o.StreamRetention, reaper.MinStreamRetention(cfg), reaper.MinStreamRetention(cfg))
 	}
 	if err := o.Retries.Validate(); err != nil {
 		return err
@@ -299,19 +312,28 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 
 // config is the reaper.Config the flags make, without the clients.
 func (o *RunOptions) config() reaper.Config {
-	consumerIdle := o.ConsumerIdle
-	if consumerIdle == 0 {
-		consumerIdle = -1 // the flag's 0 means never; the library's 0 means its default
+	// The flags' 0 means never; the library's 0 means its default.
+	consumerIdle, retention, deadMax, deadAge := offIfZero(o.ConsumerIdle), offIfZero(o.StreamRetention), o.DeadLetterMax, offIfZero(o.DeadLetterMaxAge)
+	if deadMax == 0 {
+		deadMax = -1
 	}
 	return reaper.Config{
 		Streams: o.streams, MeterStreams: o.meterStreams, MeterSafeWindow: o.MeterSafeWindow, Name: o.Name, MinIdle: o.MinIdle, Interval: o.Interval, PageSize: o.PageSize,
 		PageWorkers: o.PageWorkers, MaxDeliveries: o.MaxDeliveries, Workers: o.Workers, ConsumerIdle: consumerIdle,
+		StreamRetention: retention, DeadLetterMax: deadMax, DeadLetterMaxAge: deadAge,
 		DryRun: o.DryRun, Namespace: o.Namespace, Lease: o.Lease, SafeKeyWindow: o.SafeKeyWindow, RequireCap: o.RequireCap,
 		Retry:  o.Retries.Policy(),
 		Rules:  o.Rules(),
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: o.Description(), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
 	}
+}
+
+func offIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func closeNotifier(n alerts.Notifier) {

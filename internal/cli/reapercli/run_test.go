@@ -23,7 +23,11 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"--no-such-flag"},
 		{"--log-format", "xml"},
 		{"--stream", "=g"},
-		{"--json"}, // without --dry-run
+		{"--json"},                    // without --dry-run
+		{"--stream-retention", "12h"}, // below the safe window + the repair's reach
+		{"--stream-retention", "168h", "--safe-key-window", "167h"}, // the same against a longer window
+		{"--stream-retention", "-1h"},
+		{"--dead-letter-max", "-5"},
 		{"migrate", "sideways"},
 		{"unexpected-arg"},
 	} {
@@ -36,6 +40,10 @@ func TestBadFlagsExit2(t *testing.T) {
 		}
 	}
 	var out, errb testenv.SyncBuffer
+	if code := Main(context.Background(), []string{"--stream-retention", "12h"}, &out, &errb); !strings.Contains(errb.String(), "at least 24h5m0s") {
+		t.Errorf("--stream-retention 12h: exit %d, the message does not name the minimum: %s", code, errb.String())
+	}
+	out, errb = testenv.SyncBuffer{}, testenv.SyncBuffer{}
 	if code := Main(context.Background(), []string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--dry-run") {
 		t.Errorf("--help: exit %d: %s", code, errb.String())
 	}
