@@ -13,8 +13,6 @@ import (
 
 // SQL of the usage reconciliation (migration 00015).
 
-// lockUsage serialises reconciliation runs (and their corrections).
-const lockUsage int32 = 0x70676103 // "pga" usage
 
 func (s *Store) startUsageRun(ctx context.Context, sp usageSpan, now time.Time) (int64, error) {
 	var id int64
