@@ -13,7 +13,6 @@ import (
 
 // SQL of the usage reconciliation (migration 00015).
 
-
 func (s *Store) startUsageRun(ctx context.Context, sp usageSpan, now time.Time) (int64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `INSERT INTO {schema}.usage_runs (started_at, hourly_from, daily_from, compared_to)
