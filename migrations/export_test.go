@@ -34,3 +34,6 @@ func HoldLock(ctx context.Context, pool *pgxpool.Pool, schema string) (func(), e
 	}
 	return func() { _ = l.Unlock(context.Background(), db); _ = db.Close() }, nil
 }
+
+// InSchema is inSchema, for tests.
+var InSchema = inSchema
