@@ -21,7 +21,7 @@ import (
 )
 
 // Auditor runs audits and refunds. It is safe for concurrent use; the
-// advisory locks, not the Auditor, keep runs from overlapping, so two
+// lease rows of lock.go, not the Auditor, keep runs from overlapping, so two
 // processes are as safe as two goroutines.
 type Auditor struct {
 	cfg      Config
@@ -137,11 +137,12 @@ func (a *Auditor) Run(ctx context.Context, w Window) (Report, error) {
 
 func (a *Auditor) run(ctx context.Context, w Window) (Report, error) {
 	start := time.Now()
-	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRun, a.cfg.LockWait)
+	lock, err := a.lock(ctx, lockRun, a.cfg.LockWait)
 	if err != nil {
 		return Report{}, err
 	}
 	defer lock.release()
+	ctx = lock.ctx // ends when the lease is lost: the run writes nothing more
 	if a.afterLock != nil {
 		a.afterLock()
 	}
@@ -160,6 +161,9 @@ func (a *Auditor) run(ctx context.Context, w Window) (Report, error) {
 		slog.Time("to", w.To), slog.String("period", w.Period), slog.Bool("legacy", a.cfg.Legacy))
 
 	runErr := a.audit(ctx, w, &rep)
+	if lost := lock.lost(); lost != nil {
+		runErr = errors.Join(runErr, lost)
+	}
 	rep.Duration = time.Since(start)
 	// Record the outcome even when the caller's context ended: a run left
 	// "running" would look stuck to an operator.

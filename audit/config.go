@@ -128,6 +128,10 @@ type Config struct {
 	// LockWait is how long Run waits for another run to finish; 0 skips at
 	// once with ErrLocked.
 	LockWait time.Duration
+	// LockLease is how long a run's lock lasts unless its heartbeat renews
+	// it (every third of it): how long a killed run keeps the next one
+	// waiting at most. 0 takes DefaultLockLease.
+	LockLease time.Duration
 
 	// Legacy also audits charges without the pelguard marker, grouped by
 	// Stripe customer and billing period; only duplicates are reported.
@@ -204,6 +208,7 @@ func (c Config) withDefaults() Config {
 	c.MaxRefunds24h = cmp.Or(c.MaxRefunds24h, DefaultMaxRefunds24h)
 	c.MaxCents24h = cmp.Or(c.MaxCents24h, DefaultMaxCents24h)
 	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
+	c.LockLease = cmp.Or(c.LockLease, DefaultLockLease)
 	c.CommandName = cmp.Or(c.CommandName, DefaultCommandName)
 	c.Usage = c.Usage.withDefaults()
 	if c.Logger == nil {
@@ -228,11 +233,14 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
 		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "StuckProcessingAfter": c.StuckProcessingAfter, "PeriodGrace": c.PeriodGrace,
-		"LockWait": c.LockWait, "ProgressInterval": c.ProgressInterval,
+		"LockWait": c.LockWait, "LockLease": c.LockLease, "ProgressInterval": c.ProgressInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
 		}
+	}
+	if c.LockLease != 0 && c.LockLease < MinLockLease {
+		errs = append(errs, fmt.Errorf("LockLease %s: want at least %s (0: %s), so that a heartbeat has time to renew it", c.LockLease, MinLockLease, DefaultLockLease))
 	}
 	if c.SettleDelay < 0 && c.SettleDelay != NoSettleDelay {
 		errs = append(errs, fmt.Errorf("SettleDelay must not be negative (NoSettleDelay for none), got %s", c.SettleDelay))
@@ -298,7 +306,7 @@ func (w Window) Manual() bool { return !w.From.IsZero() || !w.To.IsZero() || w.P
 
 // Errors callers branch on.
 var (
-	// ErrLocked: another run (or refund) holds the advisory lock.
+	// ErrLocked: another run (or refund) holds the lease (lock.go).
 	ErrLocked = errors.New("another audit run is in progress")
 	// ErrEmptyWindow: the window holds no time (e.g. the checkpoint is
 	// already at now minus the settle delay).

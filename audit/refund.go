@@ -95,12 +95,15 @@ type RefundReport struct {
 // a cap, a transient Stripe error) is skipped with its reason, recorded on
 // the finding, and the run goes on with the next.
 func (a *Auditor) Refund(ctx context.Context, opts RefundOptions) (RefundReport, error) {
-	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockRefund, opts.LockWait)
+	lock, err := a.lock(ctx, lockRefund, opts.LockWait)
 	if err != nil {
 		return RefundReport{DryRun: opts.DryRun}, err
 	}
 	defer lock.release()
-	rep, err := a.refundLocked(ctx, opts)
+	rep, err := a.refundLocked(lock.ctx, opts)
+	if lost := lock.lost(); lost != nil {
+		err = errors.Join(err, lost)
+	}
 	a.alertSkipped(rep)
 	return rep, err
 }

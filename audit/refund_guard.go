@@ -124,6 +124,14 @@ func (a *Auditor) refundOne(ctx context.Context, f Finding, run *refundRun) (str
 	if hook := a.cfg.Test.BeforeRefund; hook != nil {
 		hook(f)
 	}
+	// The refund is made and recorded in this transaction: only while this
+	// run still holds its lease (one whose heartbeat just failed may not
+	// know yet), and a run taking the lease over waits for it to commit.
+	if l := heldLease(ctx); l != nil {
+		if err := l.checkHeld(ctx, tx); err != nil {
+			return "", nil, err
+		}
+	}
 	if run.opts.DryRun {
 		run.n, run.cents = run.n+1, run.cents+f.AmountCents
 		return "", nil, nil

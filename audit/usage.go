@@ -252,15 +252,16 @@ func (u UsageConfig) span(now time.Time) (usageSpan, error) {
 // ReconcileUsage compares Stripe's meter summaries with the ledger's
 // delivered totals (see the file's doc), stores and resolves usage
 // findings, alerts with the new ones and, with Usage.AutoCorrect, corrects
-// what Stripe allows. Runs are serialised by an advisory lock of their own
+// what Stripe allows. Runs are serialised by a lease of their own (lock.go)
 // (ErrLocked past LockWait).
 func (a *Auditor) ReconcileUsage(ctx context.Context) (UsageReport, error) {
 	start := time.Now()
-	lock, err := acquireLock(ctx, a.cfg.DB, a.ledger.Schema(), lockUsage, a.cfg.LockWait)
+	lock, err := a.lock(ctx, lockUsage, a.cfg.LockWait)
 	if err != nil {
 		return UsageReport{}, err
 	}
 	defer lock.release()
+	ctx = lock.ctx // ends when the lease is lost: the run writes nothing more
 	u := a.cfg.Usage
 	now := a.cfg.Clock.Now().UTC()
 	sp, err := u.span(now)
@@ -272,6 +273,9 @@ func (a *Auditor) ReconcileUsage(ctx context.Context) (UsageReport, error) {
 		return rep, err
 	}
 	runErr := a.reconcileUsage(ctx, sp, &rep)
+	if lost := lock.lost(); lost != nil {
+		runErr = errors.Join(runErr, lost)
+	}
 	rep.Duration = time.Since(start)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

@@ -13,9 +13,6 @@ import (
 
 // SQL of the usage reconciliation (migration 00015).
 
-// lockUsage serialises reconciliation runs (and their corrections).
-const lockUsage int32 = 0x70676103 // "pga" usage
-
 func (s *Store) startUsageRun(ctx context.Context, sp usageSpan, now time.Time) (int64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `INSERT INTO {schema}.usage_runs (started_at, hourly_from, daily_from, compared_to)

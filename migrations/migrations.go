@@ -2,9 +2,10 @@
 // SQL files and applies them with goose. Every binary exposes them as
 // `migrate up|down|status`.
 //
-// Two `migrate up` at once are safe: goose holds a Postgres session advisory
-// lock of the schema's own for the whole run, so the second waits and then
-// finds nothing to do; other schemas of the database never wait for it.
+// Two `migrate up` at once are safe: goose holds a lease row of the
+// schema's own (LockTable, renewed while it works) for the whole run, so the
+// second waits and then finds nothing to do; other schemas of the database
+// never wait for it.
 package migrations
 
 import (
@@ -12,9 +13,13 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +48,14 @@ type Status struct {
 	Applied bool
 }
 
+// LockTable is goose's migration lock, a table in pelguard's schema.
+const LockTable = "pelguard_migration_lock"
+
+// ErrWrongSchema is wrapped by Up and Down when a migration's transaction
+// does not resolve names to pelguard's schema: the migration is rolled back
+// and nothing is applied.
+var ErrWrongSchema = errors.New("a migration would not land in pelguard's schema")
+
 // Migrator applies pelguard's migrations to one schema of a database.
 type Migrator struct {
 	db       *sql.DB
@@ -52,39 +65,124 @@ type Migrator struct {
 }
 
 // New builds a Migrator for schema (empty: DefaultSchema) over the database
-// pool reaches. The migrations run on connections of their own whose
-// search_path is that schema alone, so an unqualified name in a migration
-// can only ever mean pelguard's table, never one of the team's. Close
-// releases those connections (the pool itself stays open).
+// pool reaches. Each migration runs in a transaction that first sets
+// search_path to that schema alone (SET LOCAL) and checks current_schema(),
+// so an unqualified name in a migration can only ever mean pelguard's
+// table, never one of the team's: the same behind a transaction-mode
+// connection pooler, which hands each transaction a server connection of
+// its own and may drop (or refuse) a search_path given at connect time.
+// goose's version table and its lock are named with the schema. Close
+// releases the Migrator's connections (the pool itself stays open).
 func New(pool *pgxpool.Pool, schema string, logger *slog.Logger) (*Migrator, error) {
 	schema = cmp.Or(schema, DefaultSchema)
 	if err := pg.ValidSchema(schema); err != nil {
 		return nil, err
 	}
-	// One lock per schema: two `migrate up` of one schema still run one
-	// after the other, but schemas never wait on each other (goose's
-	// default lock id is one for the whole database).
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(schema)))
+	migs, err := goMigrations(schema)
+	if err != nil {
+		return nil, err
+	}
+	// A table lock, not a session advisory lock: behind a pooler a session
+	// lock stays with the pooler's server connection. One lock row per
+	// schema: two `migrate up` of one schema still run one after the
+	// other, but schemas never wait on each other.
+	locker, err := lock.NewPostgresTableLocker(
+		lock.WithTableName(schema+"."+LockTable),
+		lock.WithTableLockID(lockID(schema)),
+		lock.WithTableLockTimeout(500*time.Millisecond, 1200), // polls for up to 10 minutes
+	)
 	if err != nil {
 		return nil, fmt.Errorf("creating migration lock: %w", err)
 	}
 	cc := pool.Config().ConnConfig.Copy()
-	cc.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
 	db := stdlib.OpenDB(*cc)
 	opts := []goose.ProviderOption{
-		goose.WithSessionLocker(locker),
-		goose.WithTableName(VersionTable),
+		goose.WithLocker(locker),
+		goose.WithTableName(schema + "." + VersionTable), // ValidSchema: never needs quoting
 		goose.WithDisableGlobalRegistry(true),
+		goose.WithGoMigrations(migs...),
 	}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, opts...)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, nil, opts...)
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("loading migrations: %w", err)
 	}
 	return &Migrator{db: db, pool: pool, schema: schema, provider: p}, nil
+}
+
+// goMigrations turns each embedded SQL file into a goose Go migration
+// whose up and down run in schema (inSchema).
+func goMigrations(schema string) ([]*goose.Migration, error) {
+	entries, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []*goose.Migration
+	for _, name := range entries {
+		v, err := goose.NumericComponent(name)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", name, err)
+		}
+		body, err := fs.ReadFile(files, name)
+		if err != nil {
+			return nil, err
+		}
+		up, down, err := splitSQL(string(body))
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", name, err)
+		}
+		out = append(out, goose.NewGoMigration(v,
+			&goose.GoFunc{RunTx: inSchema(schema, up)}, &goose.GoFunc{RunTx: inSchema(schema, down)}))
+	}
+	return out, nil
+}
+
+// splitSQL returns a migration file's Up and Down sections. The files use
+// no StatementBegin/End and no NO TRANSACTION: each section runs as one
+// multi-statement Exec (pgx's simple protocol, as a statement without
+// arguments always does).
+func splitSQL(body string) (up, down string, err error) {
+	_, rest, ok := strings.Cut(body, "-- +goose Up\n")
+	if !ok {
+		return "", "", errors.New("no -- +goose Up")
+	}
+	up, down, ok = strings.Cut(rest, "-- +goose Down\n")
+	if !ok {
+		return "", "", errors.New("no -- +goose Down")
+	}
+	if strings.Contains(body, "+goose StatementBegin") || strings.Contains(body, "+goose NO TRANSACTION") {
+		return "", "", errors.New("goose annotations other than Up and Down are not supported here")
+	}
+	return up, down, nil
+}
+
+// inSchema runs stmts in tx with search_path set to schema alone, after
+// checking that the transaction resolves names there.
+func inSchema(schema, stmts string) func(context.Context, *sql.Tx) error {
+	quoted := pgx.Identifier{schema}.Sanitize()
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "SET LOCAL search_path TO "+quoted); err != nil {
+			return fmt.Errorf("setting search_path to %s: %w", quoted, err)
+		}
+		var cur sql.NullString
+		if err := tx.QueryRowContext(ctx, "SELECT current_schema()").Scan(&cur); err != nil {
+			return fmt.Errorf("reading current_schema(): %w", err)
+		}
+		if cur.String != schema {
+			return fmt.Errorf("%w: current_schema() is %q, not %q, after SET LOCAL search_path in the migration's own transaction; "+
+				"a connection pooler that does not keep a transaction on one server connection (PgBouncer in statement mode?) "+
+				"cannot run migrations: run 'migrate up' with a DATABASE_URL straight to Postgres (or through a pooler in transaction or session mode)",
+				ErrWrongSchema, cur.String, schema)
+		}
+		if strings.TrimSpace(stmts) == "" {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, stmts)
+		return err
+	}
 }
 
 // Close releases the migrator's database handle.
@@ -146,8 +244,8 @@ func versions(res []*goose.MigrationResult) []int64 {
 	return out
 }
 
-// lockID is schema's migration lock: a session advisory lock id derived
-// from its name.
+// lockID is schema's row in its migration lock table, derived from its
+// name.
 func lockID(schema string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("pelguard-migrate:" + schema))

@@ -245,18 +245,12 @@ func TestMigrationLockIsPerSchema(t *testing.T) {
 	ctx := context.Background()
 	held, _ := testenv.BareDB(t)
 	other, _ := testenv.BareDB(t)
-	conn, err := held.Acquire(ctx)
+	// Another process is migrating the first schema: it holds its lock.
+	unlock, err := migrations.HoldLock(ctx, held, testenv.SchemaOf(held))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	// Another process is migrating the first schema: it holds its lock.
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID(testenv.SchemaOf(held))); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID(testenv.SchemaOf(held)))
-	}()
+	defer unlock()
 	m, err := migrations.New(other, testenv.SchemaOf(other), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -96,6 +96,7 @@ func NewDB(url string, maxConns int32, afterConnect ...func(context.Context, *pg
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	pg.PoolerSafe(cfg) // unless the URL names a query mode
 	if len(afterConnect) > 0 {
 		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 			for _, fn := range afterConnect {
@@ -112,7 +113,7 @@ func NewDB(url string, maxConns int32, afterConnect ...func(context.Context, *pg
 	}
 	addr := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	return pool, Dep{Name: "Postgres", Addr: addr, Env: "DATABASE_URL", Permanent: postgresPermanent,
-		Ping: func(ctx context.Context) error { return redact.ScrubError(pool.Ping(ctx), url) }, TryTimeout: 10 * time.Second}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(pg.PoolerHint(pool.Ping(ctx)), url) }, TryTimeout: 10 * time.Second}, nil
 }
 
 // OpenDB is CheckSchemaFlag, NewDB, one try and CheckSchema: for commands

@@ -20,8 +20,9 @@ func Migrate(ctx context.Context, prog string, args []string, stdout, stderr io.
 	fs := NewFlagSet(name, name+" up|down|status|move [flags]",
 		"Applies, rolls back or lists the ledger's schema migrations, in pelguard's own schema\n"+
 			"(--db-schema, default pelguard; `up` creates it). Nothing outside that schema is created,\n"+
-			"altered or dropped. Two `migrate up` at once are safe: a Postgres advisory lock makes the\n"+
-			"second wait. `down` drops pelguard's tables and needs --yes. `status` writes nothing.\n"+
+			"altered or dropped: each migration sets search_path in its own transaction and checks it,\n"+
+			"so it lands there through a connection pooler too. Two `migrate up` at once are safe: a\n"+
+			"lock row in that schema makes the second wait. `down` drops pelguard's tables and needs --yes. `status` writes nothing.\n"+
 			"`move --from public` moves a ledger an earlier version made in public into --db-schema,\n"+
 			"in one transaction, after checking that the tables there are pelguard's.", stderr)
 	var (

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
 )
 
@@ -184,6 +185,9 @@ func postgresPermanent(err error) bool {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return false
+	}
+	if pg.PoolerRefused(err) {
+		return true // the pooler refuses the URL's parameters every time
 	}
 	switch pe.Code {
 	case "57P03", // cannot_connect_now: starting up, shutting down, in recovery

@@ -185,8 +185,8 @@ func (r *run) write(ctx context.Context, recs []ledger.Record, dups []Duplicate)
 		}
 	}
 	sum, _ := json.Marshal(r.sum)
-	_, err := r.db.Exec(ctx, `UPDATE {schema}.import_runs SET finished_at = now(), imported = $2, skipped = $3, conflicts = $4, summary = $5
-		WHERE id = $1`, runID, r.sum.ImportedCharged+r.sum.ImportedDeclined, len(r.sum.Skipped), len(r.sum.Conflicts)+len(dups), sum)
+	_, err := r.db.Exec(ctx, `UPDATE {schema}.import_runs SET finished_at = now(), imported = $2, skipped = $3, conflicts = $4, summary = $5::jsonb
+		WHERE id = $1`, runID, r.sum.ImportedCharged+r.sum.ImportedDeclined, len(r.sum.Skipped), len(r.sum.Conflicts)+len(dups), string(sum)) // text, not []byte: exec mode would send bytea
 	return err
 }
 

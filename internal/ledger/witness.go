@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,6 +26,32 @@ type Witness interface {
 	Committed(seq int64)
 }
 
+// ServerFence is a Witness that also knows which Postgres server its last
+// rollback check ran on (internal/rollback's Monitor). Behind a
+// transaction-mode connection pooler a failover renews the pooler's server
+// connections, not pelguard's, so the check pgx runs on each new connection
+// never runs: instead the witness bump names the server its transaction
+// ran on, and a transaction on a server the check has not seen is rolled
+// back, the check runs, and the transaction is tried again. No ledger
+// write commits on a new primary before the rollback check has run there.
+type ServerFence interface {
+	// CheckedServer identifies the server of the last check that passed
+	// (pg_postmaster_start_time in microseconds; 0: no check yet).
+	CheckedServer() int64
+	// Recheck runs the rollback check now.
+	Recheck(ctx context.Context) error
+}
+
+// ErrUncheckedServer is returned by BumpWitness when its transaction ran
+// on a server the rollback check has not checked (a failover behind a
+// pooler, or a restart): the transaction must not commit.
+var ErrUncheckedServer = errors.New("the ledger's server changed since its last rollback check")
+
+// ServerIdentitySQL is the server a statement runs on, as ServerFence
+// compares it: its postmaster's start, in microseconds. A promoted replica,
+// a restored copy and a restarted server each have another.
+const ServerIdentitySQL = `(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint`
+
 // SetWitness makes the ledger's outcome writes bump w's row. Call it before
 // the ledger is used; nil (the default) bumps nothing.
 func (l *Ledger) SetWitness(w Witness) { l.witness = w }
@@ -34,14 +61,25 @@ func (l *Ledger) SetWitness(w Witness) { l.witness = w }
 // once committed.
 func (l *Ledger) witnessTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	var seq int64
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		if err := fn(tx); err != nil {
+	attempt := func() error {
+		return pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+			if err := fn(tx); err != nil {
+				return err
+			}
+			var err error
+			seq, err = BumpWitness(ctx, tx, l.witness, l.clock.Now())
 			return err
+		})
+	}
+	err := attempt()
+	if sf, ok := l.witness.(ServerFence); ok && errors.Is(err, ErrUncheckedServer) {
+		// Rolled back: check the new server, then write once more (a
+		// rollback the check finds is fenced before this write lands).
+		if cerr := sf.Recheck(ctx); cerr != nil {
+			return fmt.Errorf("%w; checking it: %w", err, cerr)
 		}
-		var err error
-		seq, err = BumpWitness(ctx, tx, l.witness, l.clock.Now())
-		return err
-	})
+		err = attempt()
+	}
 	if err == nil && seq > 0 {
 		l.witness.Committed(seq)
 	}
@@ -58,12 +96,17 @@ func BumpWitness(ctx context.Context, tx pgx.Tx, w Witness, now time.Time) (int6
 	if w == nil {
 		return 0, nil
 	}
-	var seq int64
+	var seq, server int64
 	err := tx.QueryRow(ctx, `INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, 1, $2)
 		ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $2
-		RETURNING seq`, w.Writer(), now).Scan(&seq)
+		RETURNING seq, `+ServerIdentitySQL, w.Writer(), now).Scan(&seq, &server)
 	if err != nil {
 		return 0, fmt.Errorf("bumping the ledger witness of %s: %w", w.Writer(), err)
+	}
+	if sf, ok := w.(ServerFence); ok {
+		if checked := sf.CheckedServer(); checked != 0 && checked != server {
+			return 0, fmt.Errorf("bumping the ledger witness of %s: %w", w.Writer(), ErrUncheckedServer)
+		}
 	}
 	return seq, nil
 }

@@ -24,8 +24,10 @@ func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error
 	return OpenConfig(ctx, cfg)
 }
 
-// OpenConfig opens a pool from a parsed config and pings it.
+// OpenConfig opens a pool from a parsed config and pings it. The query
+// mode is made pooler-safe (PoolerSafe) unless the URL names one.
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	PoolerSafe(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening Postgres: %w", redact.Error(err))
@@ -35,7 +37,7 @@ func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error)
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connecting to Postgres at %s:%d (is it running? is DATABASE_URL right?): %w",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, redact.Error(err))
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, redact.Error(PoolerHint(err)))
 	}
 	return pool, nil
 }

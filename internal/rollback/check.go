@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/meterledger"
 )
 
@@ -27,6 +28,7 @@ type querier interface {
 // state is what the ledger holds now.
 type state struct {
 	ledgerID  string
+	server    int64 // ledger.ServerIdentitySQL of the server read
 	rows      map[string]int64
 	stamps    map[string]time.Time // each row's updated_at
 	open      bool
@@ -55,8 +57,8 @@ func (m *Monitor) read(ctx context.Context, q querier) (state, bool, error) {
 	var st state
 	var lost *time.Time
 	err := q.QueryRow(ctx, m.db.SQL(`SELECT f.ledger_id,
-		(SELECT min(lost_since) FROM {schema}.ledger_rollbacks WHERE repaired_at IS NULL)
-		FROM {schema}.ledger_fence f`)).Scan(&st.ledgerID, &lost)
+		(SELECT min(lost_since) FROM {schema}.ledger_rollbacks WHERE repaired_at IS NULL), `+ledger.ServerIdentitySQL+`
+		FROM {schema}.ledger_fence f`)).Scan(&st.ledgerID, &lost, &st.server)
 	if errors.Is(err, pgx.ErrNoRows) || undefinedTable(err) {
 		return st, false, nil // not migrated yet: nothing is witnessed
 	}
@@ -122,6 +124,7 @@ func (m *Monitor) check(ctx context.Context, q querier) error {
 	m.remember(st)
 	m.publish(ctx, st)
 	m.setOpen(st.open, st.lostSince)
+	m.server.Store(st.server)
 	return nil
 }
 

@@ -107,6 +107,7 @@ type Monitor struct {
 	ledgerID  string
 	mem       map[string]seen // every witness value this process saw committed
 	committed atomic.Int64    // this writer's last committed value
+	server    atomic.Int64    // the server of the last check that passed (ledger.ServerFence)
 	mirrored  atomic.Int64    // the highest value of ours Redis confirmed
 	mirrorMu  sync.Mutex
 
@@ -170,6 +171,19 @@ func (m *Monitor) Committed(seq int64) {
 	m.mu.Lock()
 	m.see(m.cfg.Writer, seq, m.cfg.Clock.Now())
 	m.mu.Unlock()
+}
+
+// CheckedServer is the server the last passing check ran on
+// (ledger.ServerFence).
+func (m *Monitor) CheckedServer() int64 { return m.server.Load() }
+
+// Recheck runs the check now, on the pool Start was given
+// (ledger.ServerFence).
+func (m *Monitor) Recheck(ctx context.Context) error {
+	if m.db.Pool == nil {
+		return nil // not started: the checks on each connection still run
+	}
+	return m.check(ctx, m.db.Pool)
 }
 
 // Suspect reports whether the ledger may be missing rows: a rollback is

@@ -73,12 +73,17 @@ func (o *auditOptions) register(fs *flag.FlagSet) {
 		"most refunds pelguard makes in any 24 h, over every run and process (persisted in refund_ledger)")
 	fs.Int64Var(&o.Config.MaxCents24h, "max-cents-24h", audit.DefaultMaxCents24h,
 		"most minor units (cents) pelguard refunds in any 24 h, over every run and process (persisted in refund_ledger)")
+	fs.DurationVar(&o.Config.LockLease, "lock-lease", audit.DefaultLockLease,
+		"the run lock's lease, renewed every third of it while the run works: a run that was killed keeps the next one waiting this long at most (at least 3s)")
 }
 
 // validate checks the flags the Auditor's commands share.
 func (o *auditOptions) validate() error {
 	if err := o.Log.Validate(); err != nil {
 		return err
+	}
+	if o.Config.LockLease != 0 && o.Config.LockLease < audit.MinLockLease {
+		return cli.Usagef("--lock-lease %s: want at least %s (default %s)", o.Config.LockLease, audit.MinLockLease, audit.DefaultLockLease)
 	}
 	return o.Stripe.Validate()
 }

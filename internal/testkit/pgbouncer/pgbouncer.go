@@ -1,0 +1,227 @@
+// Package pgbouncer starts a real PgBouncer (Debian's `pgbouncer`) in
+// transaction mode in front of the test Postgres, on a loopback port it
+// picks, for the tests of pelguard behind a connection pooler. The pooler
+// is stopped when the test ends. Without the binary the test is skipped
+// with the command that installs it (failed under CI=true, where .ci/run
+// installs it).
+package pgbouncer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+)
+
+// InstallHint says how to get the binary.
+const InstallHint = "apt-get install -y pgbouncer"
+
+// Config is the pooler's set-up.
+type Config struct {
+	// IgnoreSearchPath lists search_path (and extra_float_digits, options)
+	// in ignore_startup_parameters, as many deployment guides do: the
+	// pooler then accepts a URL's search_path and drops it silently. The
+	// stock configuration (false) refuses such a connection.
+	IgnoreSearchPath bool
+	// PoolSize is default_pool_size, the server connections per database
+	// and user (0: 20).
+	PoolSize int
+}
+
+// Bouncer is a running PgBouncer.
+type Bouncer struct {
+	Port int
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	base *url.URL
+}
+
+// Start runs PgBouncer in transaction mode in front of testenv's
+// DATABASE_URL, until the test ends.
+func Start(t testing.TB, cfg Config) *Bouncer {
+	t.Helper()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("pgbouncer is required for the connection-pooler tests (%s): %v", InstallHint, err)
+		}
+		t.Skipf("pgbouncer not found: %s to run the connection-pooler tests", InstallHint)
+	}
+	base, err := url.Parse(testenv.DatabaseURL())
+	if err != nil {
+		t.Fatalf("DATABASE_URL: %v", err)
+	}
+	host, port := base.Hostname(), base.Port()
+	if port == "" {
+		port = "5432"
+	}
+	usr := base.User.Username()
+	if usr == "" {
+		usr = "postgres"
+	}
+	// PgBouncer refuses to run as root; it drops to -u's user after
+	// reading its configuration, so the directory must be readable by it.
+	dir, err := os.MkdirTemp("", "pgbouncer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ignore := "extra_float_digits"
+	if cfg.IgnoreSearchPath {
+		ignore = "extra_float_digits,search_path,options"
+	}
+	pool := cfg.PoolSize
+	if pool == 0 {
+		pool = 20
+	}
+	auth := filepath.Join(dir, "users.txt")
+	if err := os.WriteFile(auth, fmt.Appendf(nil, "%q \"\"\n", usr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 0; ; attempt++ {
+		p := freePort(t)
+		ini := filepath.Join(dir, "pgbouncer.ini")
+		conf := fmt.Sprintf(`[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = %d
+max_client_conn = 1000
+ignore_startup_parameters = %s
+server_lifetime = 3600
+`, host, port, p, auth, pool, ignore)
+		if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{ini}
+		if os.Geteuid() == 0 {
+			nobody, err := user.Lookup("nobody")
+			if err != nil {
+				t.Skipf("pgbouncer will not run as root and there is no user nobody to run it as: %v", err)
+			}
+			args = []string{"-u", nobody.Username, ini}
+		}
+		b := &Bouncer{Port: p, out: &syncBuffer{}, base: base}
+		b.cmd = exec.Command(bin, args...)
+		b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
+		b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := b.cmd.Start(); err != nil {
+			t.Fatalf("starting pgbouncer: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = b.cmd.Wait(); close(exited) }()
+		if b.ready(exited) {
+			t.Cleanup(func() {
+				_ = b.cmd.Process.Signal(syscall.SIGINT) // immediate shutdown
+				select {
+				case <-exited:
+				case <-time.After(10 * time.Second):
+					_ = b.cmd.Process.Kill()
+					<-exited
+				}
+				if t.Failed() {
+					t.Logf("pgbouncer's log:\n%s", b.out.String())
+				}
+			})
+			return b
+		}
+		_ = b.cmd.Process.Kill()
+		<-exited
+		if attempt == 4 { // the port was taken between freePort and the bind, five times
+			t.Fatalf("pgbouncer did not start:\n%s", b.out.String())
+		}
+	}
+}
+
+// ready waits until the pooler answers a query.
+func (b *Bouncer) ready(exited <-chan struct{}) bool {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c, err := pgx.Connect(ctx, b.URL(""))
+		if err == nil {
+			err = c.Ping(ctx)
+			_ = c.Close(ctx)
+		}
+		cancel()
+		if err == nil {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// URL is DATABASE_URL pointed at the pooler, without search_path or
+// options, plus query (a=b&c=d, may be empty).
+func (b *Bouncer) URL(query string) string {
+	u := *b.base
+	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port))
+	q := u.Query()
+	q.Del("search_path")
+	q.Del("options")
+	extra, _ := url.ParseQuery(query)
+	for k, v := range extra {
+		q[k] = v
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Log is what PgBouncer wrote so far.
+func (b *Bouncer) Log() string { return b.out.String() }
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Clone(s.b.String())
+}
