@@ -183,18 +183,29 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 	var acks []Decision
 	var dead []deadLetter
 	var claims []*entry
+	var rows []meterledger.Record // of the acks: witnessed before the XACK
 	for i, e := range entries {
 		e.v = decideMeterEntry(inputs[i])
 		d := r.decision(ms.streamState, e.pe, e.v)
 		switch e.v.Kind {
 		case KindGone, KindAlreadyBilled:
 			acks = append(acks, d)
+			if inputs[i].HasRow {
+				rows = append(rows, inputs[i].Row)
+			}
 		case KindInvalid, KindConflict:
 			dead = append(dead, deadLetter{d: d, msg: e.msg, detail: e.v.Detail})
 		case KindClaim:
 			claims = append(claims, e)
 		default: // KindLeaseLive
 			r.record(p, d)
+		}
+	}
+	if ms.cons != nil && len(rows) > 0 {
+		// The usage repair restores a lost delivered row from this witness
+		// only: an ack without it would lose the event for good.
+		if err := ms.cons.RecordSent(ctx, rows); err != nil {
+			return err
 		}
 	}
 	if err := r.ackAll(ctx, ms.streamState, acks, p); err != nil {
