@@ -430,23 +430,6 @@ func sentOf(r meterledger.Request, rec meterledger.Record, status meterledger.St
 		MessageID: r.MessageID, Reason: reason}
 }
 
-// RecordSent writes the meter witness of rows about to be acked by someone
-// else than this consumer's own processing (the reaper acking entries whose
-// rows are delivered or parked): call it before their XACK, and do not ack
-// if it fails.
-func (c *MeterConsumer) RecordSent(ctx context.Context, rows []meterledger.Record) error {
-	var sent []meterwitness.Sent
-	for _, r := range rows {
-		if r.Status != meterledger.StatusDelivered && r.Status != meterledger.StatusParked {
-			continue
-		}
-		sent = append(sent, meterwitness.Sent{Status: string(r.Status), EventTS: r.EventTS, Identifier: r.Identifier,
-			EventName: r.EventName, StripeCustomerID: r.StripeCustomerID, CustomerID: r.CustomerID, Value: r.Value,
-			FirstSentAt: r.FirstSentAt, MessageID: r.StreamMessageID, Reason: r.LastError})
-	}
-	return c.recordSent(ctx, sent)
-}
-
 // recordSent writes sent to the meter witness (internal/meterwitness):
 // after the ledger writes, before the XACK. Members past their retention
 // are pruned, never while a rollback is unrepaired (the repair reads them).

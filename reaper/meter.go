@@ -13,6 +13,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
 )
 
 // Meter-event streams (`pelguard-consumer meter-events`, DESIGN.md "Usage to
@@ -201,12 +202,8 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 			r.record(p, d)
 		}
 	}
-	if ms.cons != nil && len(rows) > 0 {
-		// The usage repair restores a lost delivered row from this witness
-		// only: an ack without it would lose the event for good.
-		if err := ms.cons.RecordSent(ctx, rows); err != nil {
-			return err
-		}
+	if err := r.witnessAcks(ctx, ms, rows); err != nil {
+		return err // nothing acked: the next pass decides again
 	}
 	if err := r.ackAll(ctx, ms.streamState, acks, p); err != nil {
 		return err
@@ -215,6 +212,35 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 		return err
 	}
 	return r.claimMeters(ctx, workCtx, ms, claims, p, wg)
+}
+
+// witnessAcks writes the meter witness of rows (delivered and parked ones)
+// before their entries are acked: the usage repair restores a delivered
+// row a ledger rollback lost from this witness only, so an ack without it
+// would leave the customer's ledger short of Stripe for good. Pruned as the
+// consumers prune it, never while a rollback is unrepaired.
+func (r *Reaper) witnessAcks(ctx context.Context, ms *meterStream, rows []meterledger.Record) error {
+	if r.cfg.DryRun || r.cfg.Witness == nil {
+		return nil
+	}
+	var sent []meterwitness.Sent
+	for _, rec := range rows {
+		if rec.Status != meterledger.StatusDelivered && rec.Status != meterledger.StatusParked {
+			continue
+		}
+		sent = append(sent, meterwitness.Sent{Status: string(rec.Status), EventTS: rec.EventTS, Identifier: rec.Identifier,
+			EventName: rec.EventName, StripeCustomerID: rec.StripeCustomerID, CustomerID: rec.CustomerID, Value: rec.Value,
+			FirstSentAt: rec.FirstSentAt, MessageID: rec.StreamMessageID, Reason: rec.LastError})
+	}
+	if len(sent) == 0 {
+		return nil
+	}
+	id, err := r.meterLedger.LedgerID(ctx)
+	if err != nil {
+		return fmt.Errorf("writing the meter witness: %w", err)
+	}
+	return meterwitness.Record(ctx, r.cfg.Redis, id, meterwitness.Stream{Stream: ms.Stream, Group: ms.Group, Namespace: r.cfg.Namespace},
+		sent, r.cfg.Clock.Now(), !r.cfg.Witness.Suspect())
 }
 
 // meterInputs reads what decideMeterEntry needs for entries (in id
