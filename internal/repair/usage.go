@@ -78,10 +78,11 @@ func Usage(ctx context.Context, cfg UsageConfig) (UsageReport, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("… and %d more such meter event lines (see the logs)", u.omitted))
 	}
 	if rep.Streams > 0 || err != nil {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%s repaired the usage of %d meter streams since %s: %d meter event rows restored from the witness, "+
+		// First: the rollback's report keeps its first 4,000 characters.
+		rep.Notes = append([]string{fmt.Sprintf("%s repaired the usage of %d meter streams since %s: %d meter event rows restored from the witness, "+
 			"%d set back to their witnessed outcome, %d parked (not acked, past the safe window: never re-sent), %d left to be sent again "+
 			"under their identifiers, %d findings", cfg.By, rep.Streams, cfg.Since.UTC().Format(time.RFC3339), rep.Restored, rep.Repaired,
-			rep.Parked, rep.Resend, rep.Findings))
+			rep.Parked, rep.Resend, rep.Findings)}, rep.Notes...)
 	}
 	return rep, err
 }
