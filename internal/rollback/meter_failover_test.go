@@ -79,7 +79,21 @@ type meterDrillEvent struct {
 	phase string
 }
 
+// failoverSlots bounds the package's failover drills running at once: each
+// starts its own primary and replica (initdb, base backup), and five at
+// once on two loaded cores pass the kit's 30 s start-up bound.
+var failoverSlots = make(chan struct{}, 2)
+
+// failoverSlot waits for a slot, given back once the test's clusters are
+// gone (its cleanups run before this one).
+func failoverSlot(t *testing.T) {
+	t.Helper()
+	failoverSlots <- struct{}{}
+	t.Cleanup(func() { <-failoverSlots })
+}
+
 func meterDrill(t *testing.T, o meterDrillOpts) {
+	failoverSlot(t)
 	cl := pgfailover.Start(t, pgfailover.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Second)
 	defer cancel()
