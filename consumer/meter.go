@@ -549,8 +549,9 @@ func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
 	}
 }
 
-// settle mirrors the witness and writes the meter witness, then acks and dead-letters (invariant 3: the
-// ledger writes above have committed).
+// settle mirrors the ledger witness and writes the meter witness, then
+// acks and dead-letters (invariant 3: the ledger writes above have
+// committed).
 func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, sent []meterwitness.Sent, b *MeterBatch) error {
 	if len(acks) == 0 && len(dead) == 0 {
 		return nil
