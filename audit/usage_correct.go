@@ -134,6 +134,19 @@ func (a *Auditor) plan(ctx context.Context, f UsageFinding, now time.Time) (corr
 				"lowered by an event of the opposite sign and the extra events are not pelguard's: their sender may cancel them "+
 				"within 24 h of sending, else credit %d events", delta, where, delta)}, nil
 		}
+		// Parked or sending events of the window may be what Stripe counts
+		// over (a repair after a ledger rollback parks events Stripe may
+		// have): a negative event could take back pelguard's own usage.
+		n, held, err := a.meters.Undecided(ctx, f.EventName, f.StripeCustomerID, f.WindowStart, f.WindowEnd)
+		if err != nil {
+			return correctionPlan{}, err
+		}
+		if n > 0 {
+			return correctionPlan{manual: fmt.Sprintf("Stripe counts %d %s more than pelguard delivered (%s), and the ledger holds %d "+
+				"events there of unknown outcome (parked or sending, %d units) that Stripe may have counted: not corrected automatically. "+
+				"Decide each parked event (pelguard-consumer replay if Stripe lacks it), then credit what remains over",
+				delta, units, where, n, held)}, nil
+		}
 		// Stripe takes timestamps up to 35 days old: keep 10 minutes for
 		// the time until the call.
 		if err := stripeapi.CheckMeterTimestamp(c.EventTS, now.Add(10*time.Minute)); err != nil {

@@ -311,6 +311,42 @@ func TestUsageNothingCorrectedPastInvoice(t *testing.T) {
 	}
 }
 
+// TestUsageOverNotCorrectedOverParkedEvents: an event Stripe counted is
+// recorded parked (as a ledger repair parks events whose acks a rollback
+// lost past Stripe's identifier window): Stripe is over the delivered total
+// by its units, and auto-correct must not send a negative event for it
+// (invariant 13) but name the decision for a person.
+func TestUsageOverNotCorrectedOverParkedEvents(t *testing.T) {
+	t.Parallel()
+	w := setupUsage(t, stripesim.FormulaSum, stripesim.Faults{})
+	hour := now.Add(-2 * time.Hour)
+	w.deliver("cus_P", 5, hour.Add(10*time.Minute))
+	ctx := context.Background()
+	ev := event.MeterEvent{EventName: w.meter, StripeCustomerID: "cus_P", Value: 3, Timestamp: hour.Add(20 * time.Minute), EventID: "parked-1"}
+	id := ev.Identifier(testNS)
+	cl, err := w.meters.Reserve(ctx, []meterledger.Request{{Event: ev, Identifier: id, Owner: "test", Lease: time.Minute, MessageID: "2-0"}})
+	if err != nil || !cl[0].Decision.MaySend() {
+		t.Fatalf("reserving: %v %+v", err, cl)
+	}
+	if _, err := w.sc.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: w.meter, StripeCustomerID: "cus_P", Value: 3, Identifier: id, Timestamp: ev.Timestamp}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := w.meters.Finish(ctx, []meterledger.Outcome{{Hold: cl[0].Hold(), Result: meterledger.Park, Reason: "outcome unknown"}}); err != nil || !rec[0] {
+		t.Fatalf("parking: %v %v", err, rec)
+	}
+	a := w.auditor(func(u *UsageConfig) { u.StableChecks = 1 })
+	rep := w.run(a)
+	if rep.OpenFindings != 1 || rep.Findings[0].Kind != UsageOver || rep.Findings[0].Delta() != 3 {
+		t.Fatalf("want one open over-count of 3, got %+v", rep)
+	}
+	if len(rep.Corrections) != 0 || w.stripeEvents("cus_P", "pgc_") != 0 || w.sim.MeterTotal(w.meter, "cus_P") != 8 {
+		t.Fatalf("a parked event's units were taken back: corrections %+v, Stripe bills %d", rep.Corrections, w.sim.MeterTotal(w.meter, "cus_P"))
+	}
+	if m := rep.Findings[0].ManualAction; !strings.Contains(m, "unknown outcome") || !strings.Contains(m, "pelguard-consumer replay") {
+		t.Fatalf("manual action %q does not name the parked events", m)
+	}
+}
+
 // TestUsageMeterFormulas: a count meter compares delivered events with
 // Stripe's count; a last meter is left out with the reason.
 func TestUsageMeterFormulas(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +19,7 @@ import (
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -91,6 +93,10 @@ func (c *MeterConfig) setDefaults() {
 type MeterConsumer struct {
 	cfg    MeterConfig
 	ledger *meterledger.Ledger
+	// witnessed: a LedgerWitness is configured, so every ack is also
+	// written to the meter witness (the usage repair's source).
+	witnessed bool
+	ledgerID  atomic.Pointer[string]
 }
 
 // NewMeterConsumer checks cfg and returns a consumer; Run drives it.
@@ -107,7 +113,8 @@ func NewMeterConsumer(cfg MeterConfig) (*MeterConsumer, error) {
 		l.SetWitness(cfg.Witness)
 	}
 	cfg.Metrics.startMeterStream(cfg.Stream)
-	return &MeterConsumer{cfg: cfg, ledger: l}, nil
+	_, trusted := cfg.Witness.(noWitness)
+	return &MeterConsumer{cfg: cfg, ledger: l, witnessed: !trusted}, nil
 }
 
 // Name is the consumer's name in the group.
@@ -333,6 +340,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		return b, msgs, fmt.Errorf("reserving %d meter events: %w", len(reqs), err)
 	}
 	var acks []string
+	var sent []meterwitness.Sent
 	var send []*pendingMsg
 	for i, cl := range claims {
 		it := items[i]
@@ -343,9 +351,13 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
 			b.Already++
 			acks = append(acks, it.msg.ID)
+			if st := cl.Record.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
+				sent = append(sent, sentOf(it.req, cl.Record, st, cl.Record.LastError))
+			}
 			c.count(&b, it.msg.ID, OutcomeAlreadyBilled)
 		case meterledger.Parked:
 			b.Parked++
+			sent = append(sent, sentOf(it.req, cl.Record, meterledger.StatusParked, cl.Reason))
 			c.alertParked(it.req, cl.Reason)
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
 			c.count(&b, it.msg.ID, OutcomeParked)
@@ -388,6 +400,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case it.out.Result == meterledger.Delivered:
 			b.Delivered++
 			acks = append(acks, it.msg.ID)
+			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusDelivered, ""))
 			c.count(&b, it.msg.ID, OutcomeDelivered)
 		case it.out.Result == meterledger.Failed && it.keyErr != nil:
 			// Nothing was counted; one alert per key problem (deduplicated
@@ -400,12 +413,41 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			c.count(&b, it.msg.ID, OutcomeFailed)
 		case it.out.Result == meterledger.Park:
 			b.Parked++
+			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusParked, it.out.Reason))
 			c.alertParked(it.req, it.out.Reason)
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason})
 			c.count(&b, it.msg.ID, OutcomeParked)
 		}
 	}
-	return b, left, c.settle(ctx, acks, dead, &b)
+	return b, left, c.settle(ctx, acks, dead, sent, &b)
+}
+
+// sentOf is the meter witness of r's event, recorded as rec with status.
+func sentOf(r meterledger.Request, rec meterledger.Record, status meterledger.Status, reason string) meterwitness.Sent {
+	ev := r.Event
+	return meterwitness.Sent{Status: string(status), EventTS: ev.Timestamp, Identifier: r.Identifier, EventName: ev.EventName,
+		StripeCustomerID: ev.StripeCustomerID, CustomerID: ev.CustomerID, Value: ev.Value, FirstSentAt: rec.FirstSentAt,
+		MessageID: r.MessageID, Reason: reason}
+}
+
+// recordSent writes sent to the meter witness (internal/meterwitness):
+// after the ledger writes, before the XACK. Members past their retention
+// are pruned, never while a rollback is unrepaired (the repair reads them).
+func (c *MeterConsumer) recordSent(ctx context.Context, sent []meterwitness.Sent) error {
+	if !c.witnessed || len(sent) == 0 {
+		return nil
+	}
+	id := c.ledgerID.Load()
+	if id == nil {
+		v, err := c.ledger.LedgerID(ctx)
+		if err != nil {
+			return fmt.Errorf("writing the meter witness: %w", err)
+		}
+		id = &v
+		c.ledgerID.Store(id)
+	}
+	return meterwitness.Record(ctx, c.cfg.Redis, *id, meterwitness.Stream{Stream: c.cfg.Stream, Group: c.cfg.Group,
+		Namespace: c.cfg.Namespace}, sent, c.cfg.Clock.Now(), !c.cfg.Witness.Suspect())
 }
 
 // Dead-letter reasons of the meter consumer.
@@ -507,9 +549,10 @@ func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
 	}
 }
 
-// settle mirrors the witness, then acks and dead-letters (invariant 3: the
-// ledger writes above have committed).
-func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, b *MeterBatch) error {
+// settle mirrors the ledger witness and writes the meter witness, then
+// acks and dead-letters (invariant 3: the ledger writes above have
+// committed).
+func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, sent []meterwitness.Sent, b *MeterBatch) error {
 	if len(acks) == 0 && len(dead) == 0 {
 		return nil
 	}
@@ -517,6 +560,9 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 	defer cancel()
 	if err := c.cfg.Witness.Mirror(ctx); err != nil {
 		return err // nothing acked: the redeliveries find the rows delivered
+	}
+	if err := c.recordSent(ctx, sent); err != nil {
+		return err // nothing acked: the redeliveries witness them again
 	}
 	if len(acks) > 0 {
 		if err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, acks...).Err(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
 )
 
 // Meter-event streams (`pelguard-consumer meter-events`, DESIGN.md "Usage to
@@ -183,12 +184,16 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 	var acks []Decision
 	var dead []deadLetter
 	var claims []*entry
+	var rows []meterledger.Record // of the acks: witnessed before the XACK
 	for i, e := range entries {
 		e.v = decideMeterEntry(inputs[i])
 		d := r.decision(ms.streamState, e.pe, e.v)
 		switch e.v.Kind {
 		case KindGone, KindAlreadyBilled:
 			acks = append(acks, d)
+			if inputs[i].HasRow {
+				rows = append(rows, inputs[i].Row)
+			}
 		case KindInvalid, KindConflict:
 			dead = append(dead, deadLetter{d: d, msg: e.msg, detail: e.v.Detail})
 		case KindClaim:
@@ -197,6 +202,9 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 			r.record(p, d)
 		}
 	}
+	if err := r.witnessAcks(ctx, ms, rows); err != nil {
+		return err // nothing acked: the next pass decides again
+	}
 	if err := r.ackAll(ctx, ms.streamState, acks, p); err != nil {
 		return err
 	}
@@ -204,6 +212,35 @@ func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend [
 		return err
 	}
 	return r.claimMeters(ctx, workCtx, ms, claims, p, wg)
+}
+
+// witnessAcks writes the meter witness of rows (delivered and parked ones)
+// before their entries are acked: the usage repair restores a delivered
+// row a ledger rollback lost from this witness only, so an ack without it
+// would leave the customer's ledger short of Stripe for good. Pruned as the
+// consumers prune it, never while a rollback is unrepaired.
+func (r *Reaper) witnessAcks(ctx context.Context, ms *meterStream, rows []meterledger.Record) error {
+	if r.cfg.DryRun || r.cfg.Witness == nil {
+		return nil
+	}
+	var sent []meterwitness.Sent
+	for _, rec := range rows {
+		if rec.Status != meterledger.StatusDelivered && rec.Status != meterledger.StatusParked {
+			continue
+		}
+		sent = append(sent, meterwitness.Sent{Status: string(rec.Status), EventTS: rec.EventTS, Identifier: rec.Identifier,
+			EventName: rec.EventName, StripeCustomerID: rec.StripeCustomerID, CustomerID: rec.CustomerID, Value: rec.Value,
+			FirstSentAt: rec.FirstSentAt, MessageID: rec.StreamMessageID, Reason: rec.LastError})
+	}
+	if len(sent) == 0 {
+		return nil
+	}
+	id, err := r.meterLedger.LedgerID(ctx)
+	if err != nil {
+		return fmt.Errorf("writing the meter witness: %w", err)
+	}
+	return meterwitness.Record(ctx, r.cfg.Redis, id, meterwitness.Stream{Stream: ms.Stream, Group: ms.Group, Namespace: r.cfg.Namespace},
+		sent, r.cfg.Clock.Now(), !r.cfg.Witness.Suspect())
 }
 
 // meterInputs reads what decideMeterEntry needs for entries (in id

@@ -17,6 +17,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/repair"
 	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/stripeapi"
@@ -35,14 +36,40 @@ func NewRollback(role, name, schema string, rdb redis.UniversalClient, n alerts.
 
 // LedgerRepair is the repair of a role that bills (consumer, reaper): the
 // lost rows rebuilt from Stripe through sc, with the role's namespace,
-// description and metadata setting, each run's report logged.
-func LedgerRepair(pool *pgxpool.Pool, schema string, sc *stripeapi.Client, namespace string, desc func(event.Event) string,
-	unmarked bool, by string, logger *slog.Logger) rollback.RepairFunc {
+// description and metadata setting, then the meter events' rows restored
+// from the meter witness in rdb (every meter stream registered for the
+// ledger, whichever role runs it), each run's report logged. A nil rdb
+// repairs charges only.
+func LedgerRepair(pool *pgxpool.Pool, schema string, sc *stripeapi.Client, rdb redis.UniversalClient, namespace string,
+	desc func(event.Event) string, unmarked bool, by string, logger *slog.Logger) rollback.RepairFunc {
 	l := ledger.New(pool, schema, nil)
 	return func(ctx context.Context, since time.Time) (rollback.RepairReport, error) {
 		rep, err := repair.Run(ctx, repair.Config{Ledger: l, Stripe: sc, Since: since, Namespace: namespace, By: by,
 			Description: desc, UnmarkedCharges: unmarked, Logger: logger})
-		return rollback.RepairReport{Rebuilt: rep.Rebuilt, Repaired: rep.Repaired, RefundsRebuilt: rep.RefundsRebuilt,
-			Findings: rep.Findings, Notes: strings.Join(rep.Notes, "\n")}, err
+		out := rollback.RepairReport{Rebuilt: rep.Rebuilt, Repaired: rep.Repaired, RefundsRebuilt: rep.RefundsRebuilt,
+			Findings: rep.Findings, Notes: strings.Join(rep.Notes, "\n")}
+		if err != nil || rdb == nil {
+			return out, err
+		}
+		ml, err := meterledger.New(pool, meterledger.Config{Schema: schema})
+		if err != nil {
+			return out, err
+		}
+		u, err := repair.Usage(ctx, repair.UsageConfig{Ledger: ml, Redis: rdb, Since: since, By: by, Logger: logger})
+		return AddUsage(out, u, err)
 	}
+}
+
+// AddUsage adds a usage repair's report to a charge repair's: restored
+// meter event rows count as rebuilt, rows set back to their outcome as
+// repaired, and what it could not restore (parked events, conflicts, a
+// witness too short) as findings, named in the notes.
+func AddUsage(r rollback.RepairReport, u repair.UsageReport, err error) (rollback.RepairReport, error) {
+	r.Rebuilt += u.Restored
+	r.Repaired += u.Repaired
+	r.Findings += u.Findings
+	if len(u.Notes) > 0 {
+		r.Notes = strings.TrimPrefix(r.Notes+"\n"+strings.Join(u.Notes, "\n"), "\n")
+	}
+	return r, err
 }

@@ -44,8 +44,11 @@ const (
 	// lost delivered rows) and the event, new to the ledger, is older than
 	// the safe window: it may be a lost delivered row that Stripe no longer
 	// guards. Nothing is written and nothing sent: leave the entry pending
-	// (or dead-letter it for a replay). Delivered again once the rollback
-	// is repaired, it is sent: a real backfill is counted then.
+	// (or dead-letter it for a replay). The repair parks it if its entry
+	// was not acked when the loss was found (it may have been counted
+	// more than Stripe's identifier window ago); otherwise, delivered again
+	// once the rollback is repaired, it is sent: a real backfill is
+	// counted then.
 	Held
 	// OutsideWindow: no row, and Stripe would refuse the timestamp (older
 	// than 35 days, or more than 5 minutes ahead): dead-letter it.

@@ -72,3 +72,19 @@ func (l *Ledger) DeliveredInWindow(ctx context.Context, eventName, customer stri
 	}
 	return evs, false, nil
 }
+
+// Undecided counts the events of eventName and customer with timestamps in
+// [from, to) whose outcome at Stripe is not known: parked (past the safe
+// window, or parked by a ledger repair) or still sending. Stripe may count
+// them while the ledger's delivered total does not, so a window over at
+// Stripe by no more than their units may be pelguard's own usage
+// (invariant 13): never taken back automatically.
+func (l *Ledger) Undecided(ctx context.Context, eventName, customer string, from, to time.Time) (events, units int64, err error) {
+	err = l.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(value), 0)::bigint FROM {schema}.meter_events
+		WHERE status IN ('parked', 'sending') AND event_name = $1 AND stripe_customer_id = $2 AND event_ts >= $3 AND event_ts < $4`,
+		eventName, customer, from, to).Scan(&events, &units)
+	if err != nil {
+		return 0, 0, fmt.Errorf("counting undecided %s events of %s: %w", eventName, customer, err)
+	}
+	return events, units, nil
+}

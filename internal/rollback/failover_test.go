@@ -63,6 +63,7 @@ type drillProc struct {
 }
 
 func failoverDrill(t *testing.T, redisRollsBack bool) {
+	failoverSlot(t)
 	cl := pgfailover.Start(t, pgfailover.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()

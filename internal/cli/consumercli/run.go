@@ -179,7 +179,7 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	defer mon.Close() // before the pool closes
 	base := o.config()
 	base.Redis, base.DB, base.Stripe, base.Witness = rdb, pool, sc, mon
-	mon.SetRepair(cli.LedgerRepair(pool, o.Schema, sc, o.Namespace, base.Description, !o.ChargeMetadata, mon.Writer(), logger))
+	mon.SetRepair(cli.LedgerRepair(pool, o.Schema, sc, rdb, o.Namespace, base.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	base.Notifier, base.DeadLetters, base.Metrics, base.Logger = notifier, dl, metrics, logger
 	cs := make([]*consumer.Consumer, len(o.streams))
 	for i, sg := range o.streams {

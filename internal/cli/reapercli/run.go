@@ -259,7 +259,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		cfg.MeterStripe = ms
 	}
 	if c, ok := sc.(*stripeapi.Client); ok { // a dry run has no Stripe client: it detects and fences, never repairs
-		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
+		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, rdb, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
 	var printer *decisionPrinter

@@ -1,0 +1,317 @@
+package repair
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
+)
+
+// The usage repair (DESIGN.md "Usage after a ledger rollback"). Stripe has
+// no listing of single meter events, so unlike charges the lost rows cannot
+// be read back from Stripe: they are restored from the meter witness
+// (internal/meterwitness), which holds every event acked delivered or
+// parked, written before its XACK. What the witness cannot vouch for —
+// entries of the meter streams not acked (pending, or unread after a Redis
+// rollback took the group back) whose row is missing — is decided by age:
+// younger than the safe window, the consumers send it again under its
+// identifier (Stripe refuses a duplicate: recorded delivered); older, it
+// may have been counted more than Stripe's identifier window ago, so it is
+// parked, named in the report, and never re-sent.
+
+// UsageConfig configures a usage repair.
+type UsageConfig struct {
+	Ledger *meterledger.Ledger   // required
+	Redis  redis.UniversalClient // required: the witness and the streams
+	Since  time.Time             // required: where the ledger's loss may begin
+	By     string                // who repairs, for the notes
+	Logger *slog.Logger          // optional
+	Rules  event.MeterRules      // how the streams' entries are read (the consumers' rules)
+}
+
+// UsageReport is what a usage repair did.
+type UsageReport struct {
+	// Restored: rows the ledger lost, inserted again from the witness;
+	// Repaired: rows the rollback took back to sending, set to their
+	// witnessed outcome.
+	Restored, Repaired int
+	// Parked: entries not acked whose row is missing and that are older
+	// than the safe window: parked by the repair, never re-sent.
+	Parked int
+	// Resend: entries not acked whose row is missing, within the safe
+	// window: the consumers send them again under their identifiers.
+	Resend int
+	// Findings: what it could not restore and names in Notes (a parked
+	// event, a row that disagrees with the witness, a witness that does not
+	// reach back to Since, members it could not read).
+	Findings int
+	Streams  int
+	Notes    []string
+}
+
+// restoreBatch is how many events one Restore statement writes.
+const restoreBatch = 500
+
+// Usage repairs the meter ledger after a rollback: see the comment above.
+// It is idempotent, and safe beside the consumers: a restore never makes an
+// event sendable, and a parked row is one they ack.
+func Usage(ctx context.Context, cfg UsageConfig) (UsageReport, error) {
+	var rep UsageReport
+	if cfg.Ledger == nil || cfg.Redis == nil || cfg.Since.IsZero() {
+		return rep, errors.New("repair: the usage repair needs the meter ledger, Redis and Since")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.By = cmp.Or(cfg.By, "repair")
+	u := &usage{cfg: cfg, rep: &rep, log: cfg.Logger.With("by", cfg.By)}
+	err := u.do(ctx)
+	if u.omitted > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("… and %d more such meter event lines (see the logs)", u.omitted))
+	}
+	if rep.Streams > 0 || err != nil {
+		// First: the rollback's report keeps its first 4,000 characters.
+		rep.Notes = append([]string{fmt.Sprintf("%s repaired the usage of %d meter streams since %s: %d meter event rows restored from the witness, "+
+			"%d set back to their witnessed outcome, %d parked (not acked, past the safe window: never re-sent), %d left to be sent again "+
+			"under their identifiers, %d findings", cfg.By, rep.Streams, cfg.Since.UTC().Format(time.RFC3339), rep.Restored, rep.Repaired,
+			rep.Parked, rep.Resend, rep.Findings)}, rep.Notes...)
+	}
+	return rep, err
+}
+
+type usage struct {
+	cfg     UsageConfig
+	rep     *UsageReport
+	log     *slog.Logger
+	details int
+	omitted int
+}
+
+func (u *usage) note(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	u.log.Info(line)
+	if u.details++; u.details > maxDetailNotes {
+		u.omitted++
+		return
+	}
+	u.rep.Notes = append(u.rep.Notes, line)
+}
+
+func (u *usage) do(ctx context.Context) error {
+	id, err := u.cfg.Ledger.LedgerID(ctx)
+	if err != nil {
+		return err
+	}
+	streams, err := meterwitness.Streams(ctx, u.cfg.Redis, id)
+	if err != nil || len(streams) == 0 {
+		return err
+	}
+	now := u.cfg.Ledger.Now()
+	if _, err := u.cfg.Ledger.EnsurePartitions(ctx, now); err != nil {
+		return err
+	}
+	u.rep.Streams = len(streams)
+	// Every witness first: an event witnessed delivered is never parked.
+	for _, s := range streams {
+		if err := u.restore(ctx, s, now); err != nil {
+			return err
+		}
+	}
+	for _, s := range streams {
+		if err := u.unacked(ctx, s, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// restore writes back what s's witness holds since Since.
+func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Time) error {
+	sent, pruned, bad, err := meterwitness.Read(ctx, u.cfg.Redis, s, u.cfg.Since)
+	if err != nil {
+		return err
+	}
+	if pruned.After(u.cfg.Since) {
+		u.rep.Findings++
+		u.note("%s/%s: the meter witness reaches back to %s only, the loss to %s: delivered rows lost in between cannot be restored; "+
+			"compare Stripe's event summaries of that window with the ledger (pelguard-auditor usage)", s.Stream, s.Group,
+			pruned.Format(time.RFC3339), u.cfg.Since.UTC().Format(time.RFC3339))
+	}
+	if bad > 0 {
+		u.rep.Findings++
+		u.note("%s/%s: %d meter witness members could not be read: not restored", s.Stream, s.Group, bad)
+	}
+	oldest := now.Add(-meterledger.Retention)
+	// A delivered witness wins over a parked one of the same event.
+	byKey := map[meterledger.Key]int{}
+	var evs []meterledger.Restored
+	for _, e := range sent {
+		k := meterledger.Key{EventTS: e.EventTS.UTC().Truncate(time.Millisecond), Identifier: e.Identifier}
+		if !k.EventTS.After(oldest) {
+			continue // its partition is gone: Stripe no longer takes or changes it
+		}
+		r := meterledger.Restored{Key: k, EventName: e.EventName, StripeCustomerID: e.StripeCustomerID, CustomerID: e.CustomerID,
+			Value: e.Value, Status: meterledger.Status(e.Status), FirstSentAt: e.FirstSentAt, Reason: e.Reason, MessageID: e.MessageID}
+		if r.Status == meterledger.StatusParked && r.Reason == "" {
+			r.Reason = "parked before the ledger's rollback (restored from the meter witness)"
+		}
+		if i, ok := byKey[k]; ok {
+			if r.Status == meterledger.StatusDelivered {
+				evs[i] = r
+			}
+			continue
+		}
+		byKey[k] = len(evs)
+		evs = append(evs, r)
+	}
+	for start := 0; start < len(evs); start += restoreBatch {
+		part := evs[start:min(start+restoreBatch, len(evs))]
+		res, err := u.cfg.Ledger.Restore(ctx, part, true)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			switch r.Outcome {
+			case meterledger.RestoreInserted:
+				u.rep.Restored++
+			case meterledger.RestoreRepaired:
+				u.rep.Repaired++
+			case meterledger.RestoreConflict:
+				u.rep.Findings++
+				u.note("%s/%s: meter event %s: %s", s.Stream, s.Group, part[i].Key, r.Detail)
+			}
+		}
+	}
+	u.log.Info("meter events restored from the witness", "stream", s.Stream, "group", s.Group, "witnessed", len(evs),
+		"restored", u.rep.Restored, "repaired", u.rep.Repaired)
+	return nil
+}
+
+// unacked decides the entries of s not acked whose row is missing: parked
+// past the safe window, left to the consumers within it.
+func (u *usage) unacked(ctx context.Context, s meterwitness.Stream, now time.Time) error {
+	rdb := u.cfg.Redis
+	var msgs []redis.XMessage
+	var ids []string
+	for start := "-"; ; {
+		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s.Stream, Group: s.Group, Start: start, End: "+", Count: 1000}).Result()
+		if redis.HasErrorPrefix(err, "NOGROUP") {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the pending entries of %s/%s: %w", s.Stream, s.Group, err)
+		}
+		for _, p := range pend {
+			ids = append(ids, p.ID)
+		}
+		if len(pend) < 1000 {
+			break
+		}
+		start = "(" + pend[len(pend)-1].ID
+	}
+	if len(ids) > 0 {
+		cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range ids {
+				p.XRange(ctx, s.Stream, id, id)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("reading the pending entries of %s/%s: %w", s.Stream, s.Group, err)
+		}
+		for _, c := range cmds {
+			if xs, err := c.(*redis.XMessageSliceCmd).Result(); err == nil {
+				msgs = append(msgs, xs...)
+			}
+		}
+	}
+	// Unread: after the group's last delivered id (a Redis rollback takes
+	// it back), up to now: an entry added later was never sent before.
+	// Entry ids are Redis's wall clock, so the bound is too.
+	groups, err := rdb.XInfoGroups(ctx, s.Stream).Result()
+	if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") {
+		return fmt.Errorf("reading the groups of %s: %w", s.Stream, err)
+	}
+	end := fmt.Sprintf("%d", time.Now().UnixMilli())
+	for _, g := range groups {
+		if g.Name != s.Group {
+			continue
+		}
+		for start := "(" + g.LastDeliveredID; ; {
+			xs, err := rdb.XRangeN(ctx, s.Stream, start, end, 1000).Result()
+			if err != nil {
+				return fmt.Errorf("reading the unread entries of %s/%s: %w", s.Stream, s.Group, err)
+			}
+			msgs = append(msgs, xs...)
+			if len(xs) < 1000 {
+				break
+			}
+			start = "(" + xs[len(xs)-1].ID
+		}
+	}
+	return u.decideUnacked(ctx, s, msgs, now)
+}
+
+func (u *usage) decideUnacked(ctx context.Context, s meterwitness.Stream, msgs []redis.XMessage, now time.Time) error {
+	safe := u.cfg.Ledger.SafeWindow()
+	for start := 0; start < len(msgs); start += restoreBatch {
+		part := msgs[start:min(start+restoreBatch, len(msgs))]
+		var keys []meterledger.Key
+		var evs []meterledger.Restored
+		for _, m := range part {
+			ev, err := event.ParseMeterFields(m.Values, u.cfg.Rules, now)
+			if err != nil {
+				continue // the consumers dead-letter it: it was never sent
+			}
+			k := meterledger.KeyOf(ev, ev.Identifier(s.Namespace))
+			keys = append(keys, k)
+			evs = append(evs, meterledger.Restored{Key: k, EventName: ev.EventName, StripeCustomerID: ev.StripeCustomerID,
+				CustomerID: ev.CustomerID, Value: ev.Value, Status: meterledger.StatusParked, MessageID: m.ID,
+				Reason: fmt.Sprintf("the ledger lost rows in a rollback (from %s) and this entry was not acked: it may have been counted "+
+					"by Stripe more than its identifier window ago, so it is not re-sent. If Stripe's event summaries lack it, replay it",
+					u.cfg.Since.UTC().Format(time.RFC3339))})
+		}
+		_, found, err := u.cfg.Ledger.Lookup(ctx, keys)
+		if err != nil {
+			return err
+		}
+		var park []meterledger.Restored
+		for i, e := range evs {
+			switch {
+			case found[i]:
+				// The ledger knows it: the consumers decide it as usual.
+			case now.Sub(e.EventTS) < safe:
+				u.rep.Resend++
+			default:
+				park = append(park, e)
+			}
+		}
+		res, err := u.cfg.Ledger.Restore(ctx, park, false)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			if r.Outcome != meterledger.RestoreInserted {
+				continue
+			}
+			u.rep.Parked++
+			u.rep.Findings++
+			e := park[i]
+			u.note("%s/%s: meter event %s (entry %s, %s/%s value %d, %s old) parked: not acked when the ledger lost rows, past the safe window; never re-sent",
+				s.Stream, s.Group, e.Identifier, e.MessageID, e.EventName, e.StripeCustomerID, e.Value,
+				now.Sub(e.EventTS).Round(time.Minute))
+		}
+	}
+	if n := u.rep.Resend; n > 0 {
+		u.log.Info("meter events left to be sent again under their identifiers", "stream", s.Stream, "group", s.Group, "events", n)
+	}
+	return nil
+}
