@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,9 @@ type Options struct {
 	// FailoverTimeout is the sentinels' failover-timeout [3s]: a second
 	// failover of the same master waits twice as long.
 	FailoverTimeout time.Duration
+	// Password is the data nodes' requirepass (and masterauth), and
+	// SentinelPassword the sentinels' requirepass; empty: none.
+	Password, SentinelPassword string
 }
 
 // Node is one redis-server process, a data node or a sentinel.
@@ -105,6 +109,9 @@ func Start(ctx context.Context, o Options) (*Set, error) {
 	s := &Set{opts: o}
 	for i := range 1 + o.Replicas {
 		args := []string{"--appendonly", "yes", "--appendfsync", "everysec", "--save", ""}
+		if o.Password != "" {
+			args = append(args, "--requirepass", o.Password, "--masterauth", o.Password)
+		}
 		if i > 0 {
 			args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(ports[0]))
 		}
@@ -116,7 +123,7 @@ func Start(ctx context.Context, o Options) (*Set, error) {
 		s.Data = append(s.Data, n)
 	}
 	for _, n := range s.Data {
-		if err := waitPing(ctx, n); err != nil {
+		if err := waitPing(ctx, n, o.Password); err != nil {
 			s.Stop()
 			return nil, err
 		}
@@ -134,6 +141,12 @@ func Start(ctx context.Context, o Options) (*Set, error) {
 			"sentinel parallel-syncs %s 1\n",
 			p, dir, o.Master, ports[0], o.Quorum, o.Master, o.DownAfter.Milliseconds(),
 			o.Master, o.FailoverTimeout.Milliseconds(), o.Master)
+		if o.Password != "" {
+			conf += fmt.Sprintf("sentinel auth-pass %s %s\n", o.Master, o.Password)
+		}
+		if o.SentinelPassword != "" {
+			conf += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", o.SentinelPassword, o.SentinelPassword)
+		}
 		n, err := start(dir, p, conf)
 		if err != nil {
 			s.Stop()
@@ -142,7 +155,7 @@ func Start(ctx context.Context, o Options) (*Set, error) {
 		s.Sentinels = append(s.Sentinels, n)
 	}
 	for _, n := range s.Sentinels {
-		if err := waitPing(ctx, n); err != nil {
+		if err := waitPing(ctx, n, o.SentinelPassword); err != nil {
 			s.Stop()
 			return nil, err
 		}
@@ -181,8 +194,8 @@ func start(dir string, port int, conf string, args ...string) (*Node, error) {
 	return n, nil
 }
 
-func waitPing(ctx context.Context, n *Node) error {
-	c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+func waitPing(ctx context.Context, n *Node, password string) error {
+	c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1, Password: password})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -208,7 +221,7 @@ func waitPing(ctx context.Context, n *Node) error {
 
 // waitSynced waits until primary reports want connected replicas online.
 func (s *Set) waitSynced(ctx context.Context, primary *Node, want int) error {
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr(), MaxRetries: -1})
+	c := s.Client(primary)
 	defer c.Close()
 	return poll(ctx, 20*time.Second, func() (bool, error) {
 		info, err := c.Info(ctx, "replication").Result()
@@ -234,7 +247,7 @@ func (s *Set) waitDiscovered(ctx context.Context) error {
 			if !sn.Alive() {
 				continue
 			}
-			c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr(), MaxRetries: -1})
+			c := s.sentinel(sn)
 			m, err := c.Master(ctx, s.opts.Master).Result()
 			c.Close()
 			if err != nil {
@@ -250,13 +263,32 @@ func (s *Set) waitDiscovered(ctx context.Context) error {
 	}, "sentinels discover each other and the replicas")
 }
 
-// URL is the set in pelguard's redis+sentinel:// form, database 0.
+// URL is the set in pelguard's redis+sentinel:// form, database 0, with
+// both passwords: the data nodes' before '@', the sentinels' as
+// sentinel_password.
 func (s *Set) URL() string {
 	addrs := make([]string, len(s.Sentinels))
 	for i, n := range s.Sentinels {
 		addrs[i] = n.Addr()
 	}
-	return "redis+sentinel://" + strings.Join(addrs, ",") + "/0?master_name=" + s.opts.Master
+	userinfo := ""
+	if s.opts.Password != "" {
+		userinfo = url.UserPassword("", s.opts.Password).String() + "@"
+	}
+	q := url.Values{"master_name": {s.opts.Master}}
+	if s.opts.SentinelPassword != "" {
+		q.Set("sentinel_password", s.opts.SentinelPassword)
+	}
+	return "redis+sentinel://" + userinfo + strings.Join(addrs, ",") + "/0?" + q.Encode()
+}
+
+// Client is a plain client of one data node; the caller closes it.
+func (s *Set) Client(n *Node) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: n.Addr(), Password: s.opts.Password, MaxRetries: -1})
+}
+
+func (s *Set) sentinel(n *Node) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{Addr: n.Addr(), Password: s.opts.SentinelPassword, MaxRetries: -1})
 }
 
 // Master is the master name.
@@ -271,7 +303,7 @@ func (s *Set) Primary(ctx context.Context) (*Node, error) {
 			continue
 		}
 		live++
-		c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr(), MaxRetries: -1})
+		c := s.sentinel(sn)
 		a, err := c.GetMasterAddrByName(ctx, s.opts.Master).Result()
 		c.Close()
 		if err == nil && len(a) == 2 {
@@ -300,7 +332,7 @@ func (s *Set) WaitPromoted(ctx context.Context, old *Node, within time.Duration)
 		if err != nil || p == old {
 			return false, nil
 		}
-		c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+		c := s.Client(p)
 		defer c.Close()
 		info, err := c.Info(ctx, "replication").Result()
 		if err != nil || infoFields(info)["role"] != "master" {
@@ -324,7 +356,7 @@ func (s *Set) Failover(ctx context.Context, within time.Duration) (*Node, error)
 			if !sn.Alive() {
 				continue
 			}
-			c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr(), MaxRetries: -1})
+			c := s.sentinel(sn)
 			err := c.Failover(ctx, s.opts.Master).Err()
 			c.Close()
 			// INPROG, or NOGOODSLAVE while a replica still syncs: try again.
@@ -350,7 +382,7 @@ func (s *Set) WaitReplicated(ctx context.Context, replicas int) error {
 	if err != nil {
 		return err
 	}
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	c := s.Client(p)
 	defer c.Close()
 	n, err := c.Wait(ctx, replicas, 10*time.Second).Result()
 	if err != nil {

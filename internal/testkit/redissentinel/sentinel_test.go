@@ -17,7 +17,9 @@ func startSet(t *testing.T) *redissentinel.Set {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := redissentinel.Start(ctx, redissentinel.Options{Dir: t.TempDir()})
+	// Both passwords: the URL carries the data nodes' before '@' and the
+	// sentinels' as sentinel_password; swapped, neither would connect.
+	s, err := redissentinel.Start(ctx, redissentinel.Options{Dir: t.TempDir(), Password: "data-Pw@1", SentinelPassword: "sentinel-Pw#2"})
 	if errors.Is(err, redissentinel.ErrUnsupported) {
 		t.Skipf("no Redis Sentinel here: %v", err)
 	}

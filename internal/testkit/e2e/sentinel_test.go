@@ -1,0 +1,297 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testkit/redissentinel"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+	"github.com/pelguard/pelguard/redisurl"
+)
+
+// The sets' passwords carry the marker, so every process's output is
+// searched for them (assertNoSecret).
+const (
+	sentinelDataPassword = marker + "data@pw09"
+	sentinelPassword     = marker + "sentinel#pw10"
+)
+
+func startSentinels(t *testing.T) *redissentinel.Set {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := redissentinel.Start(ctx, redissentinel.Options{Dir: t.TempDir(),
+		Password: sentinelDataPassword, SentinelPassword: sentinelPassword})
+	if errors.Is(err, redissentinel.ErrUnsupported) {
+		t.Skipf("no Redis Sentinel here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// sentinelRun is one billing run through a Sentinel set: a producer
+// XADDing at a steady rate through the sentinels, two consumers and the
+// reaper (the real binaries, REDIS_URL=redis+sentinel://…), the emulator.
+type sentinelRun struct {
+	t      *testing.T
+	set    *redissentinel.Set
+	sim    *stripesim.Server
+	rdb    redis.UniversalClient
+	stream string
+	procs  []*proc
+
+	mu    sync.Mutex
+	added map[int]time.Time // event index → when its XADD succeeded
+	next  atomic.Int64
+	stopP chan struct{}
+	doneP chan struct{}
+}
+
+const sentinelPeriod = "2026-11"
+
+func sentinelCustomer(i int) string { return "c_s" + strconv.Itoa(i) }
+
+func newSentinelRun(t *testing.T, set *redissentinel.Set) *sentinelRun {
+	t.Helper()
+	ctx := context.Background()
+	// A few milliseconds a call, so that calls are in flight when the
+	// primary dies.
+	sim := stripesim.MustNew(stripesim.Config{Faults: stripesim.Faults{Latency: stripesim.Latency{Fixed: 3 * time.Millisecond}}})
+	t.Cleanup(sim.Close)
+	rdb, err := redisurl.Open(set.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	r := &sentinelRun{t: t, set: set, sim: sim, rdb: rdb, stream: "billing-sentinel", added: map[int]time.Time{},
+		stopP: make(chan struct{}), doneP: make(chan struct{})}
+	if err := rdb.XGroupCreateMkStream(ctx, r.stream, "billing-group", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, dbURL := testenv.DBWithURL(t)
+	env := baseEnv("DATABASE_URL="+dbURL, "REDIS_URL="+set.URL(), "STRIPE_API_KEY="+testKey,
+		"STRIPE_API_BASE="+sim.URL(), "PELGUARD_STREAM="+r.stream)
+	for i := range 2 {
+		r.procs = append(r.procs, startBin(t, "consumer", env, "--metrics-addr", "127.0.0.1:0", "--block", "200ms",
+			"--lease", "3s", "--name", "sentinel-c"+strconv.Itoa(i)))
+	}
+	r.procs = append(r.procs, startBin(t, "reaper", env, "--metrics-addr", "127.0.0.1:0", "--min-idle", "3s",
+		"--interval", "500ms", "--lease", "3s"))
+	for _, p := range r.procs {
+		p.addr()
+	}
+	return r
+}
+
+// produce XADDs event after event, one every gap, through the sentinels;
+// a failed XADD is tried again (it may have reached the old primary too: a
+// second entry for the event, which the ledger absorbs).
+func (r *sentinelRun) produce(gap time.Duration) {
+	go func() {
+		defer close(r.doneP)
+		ctx := context.Background()
+		for {
+			select {
+			case <-r.stopP:
+				return
+			case <-time.After(gap):
+			}
+			i := int(r.next.Load())
+			ev := event.Event{CustomerID: sentinelCustomer(i), StripeCustomerID: "cus_s" + strconv.Itoa(i), AmountCents: 100,
+				BillingPeriod: sentinelPeriod, Currency: "usd"}
+			if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.stream, Values: map[string]any{"payload": ev.Payload()}}).Err(); err != nil {
+				continue
+			}
+			r.mu.Lock()
+			r.added[i] = time.Now()
+			r.mu.Unlock()
+			r.next.Add(1)
+		}
+	}()
+}
+
+func (r *sentinelRun) stopProducing() { close(r.stopP); <-r.doneP }
+
+func (r *sentinelRun) charged() int {
+	n := 0
+	for _, ch := range r.sim.Charges() {
+		if ch.Status == "succeeded" {
+			n++
+		}
+	}
+	return n
+}
+
+// firstChargeAfter is the earliest charge of an event first added after t
+// (so only ever in the new primary's stream), as seconds after t.
+func (r *sentinelRun) firstChargeAfter(t time.Time) (float64, bool) {
+	r.mu.Lock()
+	after := map[string]bool{}
+	for i, at := range r.added {
+		if at.After(t) {
+			after[sentinelCustomer(i)] = true
+		}
+	}
+	r.mu.Unlock()
+	first := time.Time{}
+	for _, ch := range r.sim.Charges() {
+		if after[ch.Metadata["customer_id"]] && (first.IsZero() || ch.Created.Before(first)) {
+			first = ch.Created
+		}
+	}
+	return first.Sub(t).Seconds(), !first.IsZero()
+}
+
+// settle waits until every event in the (new) primary's stream has a
+// charge and the PEL is empty, then checks: exactly one succeeded charge
+// for each, no duplicate at the emulator, every process still running,
+// and no password printed.
+func (r *sentinelRun) settle(within time.Duration) {
+	t := r.t
+	ctx := context.Background()
+	var inStream map[string]bool
+	testenv.Eventually(t, within, func() bool {
+		entries, err := r.rdb.XRange(ctx, r.stream, "-", "+").Result()
+		if err != nil {
+			return false
+		}
+		inStream = map[string]bool{}
+		for _, e := range entries {
+			var ev event.Event
+			if err := json.Unmarshal([]byte(e.Values["payload"].(string)), &ev); err != nil {
+				t.Fatalf("entry %s: %v", e.ID, err)
+			}
+			inStream[ev.CustomerID] = true
+		}
+		perKey := r.perKey()
+		for c := range inStream {
+			if perKey[c] == 0 {
+				return false
+			}
+		}
+		pend, err := r.rdb.XPending(ctx, r.stream, "billing-group").Result()
+		return err == nil && pend.Count == 0
+	}, "every event of the promoted primary's stream charged and the PEL drained")
+	perKey := r.perKey()
+	for c := range inStream {
+		if perKey[c] != 1 {
+			t.Errorf("%s: %d succeeded charges, want exactly 1", c, perKey[c])
+		}
+	}
+	if d := r.sim.Duplicates(); len(d) != 0 {
+		t.Errorf("%d duplicate charge groups at the emulator, first %+v", len(d), d[0])
+	}
+	if l, err := r.rdb.XLen(ctx, r.stream+":dead").Result(); err != nil || l != 0 {
+		t.Errorf("%d dead letters (%v), want none", l, err)
+	}
+	for _, p := range r.procs {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Errorf("%s exited during the failover: %v\n%s", p.name, err, p.out.String())
+		default:
+		}
+	}
+	t.Logf("%d events in the promoted primary's stream, each charged once; %d charges in all (events lost with the old primary's last second included)",
+		len(inStream), r.charged())
+}
+
+func (r *sentinelRun) perKey() map[string]int {
+	out := map[string]int{}
+	for _, ch := range r.sim.Charges() {
+		if ch.Status == "succeeded" && ch.Metadata["billing_period"] == sentinelPeriod {
+			out[ch.Metadata["customer_id"]]++
+		}
+	}
+	return out
+}
+
+// checkPrimaryLog: each process logged exactly one WARN for the change,
+// naming the old and the new primary, and go-redis's routine sentinel
+// lines at INFO.
+func (r *sentinelRun) checkPrimaryLog(old, new *redissentinel.Node) {
+	for _, p := range r.procs {
+		out := p.out.String()
+		var warns []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "Redis primary changed") {
+				warns = append(warns, l)
+			}
+			if strings.Contains(l, "sentinel: new master") && !strings.Contains(l, "level=INFO") {
+				r.t.Errorf("%s: go-redis's routine sentinel line not at INFO: %s", p.name, l)
+			}
+		}
+		if len(warns) != 1 || !strings.Contains(warns[0], "level=WARN") ||
+			!strings.Contains(warns[0], "old_primary="+old.Addr()) || !strings.Contains(warns[0], "new_primary="+new.Addr()) {
+			r.t.Errorf("%s: %d primary-change lines %q, want one WARN naming %s and %s", p.name, len(warns), warns, old.Addr(), new.Addr())
+		}
+	}
+}
+
+// Two consumers and the reaper bill through the sentinels; the primary is
+// SIGKILLed under load (appendfsync everysec, asynchronous replication:
+// acks, claims and group moves of its last moments are lost) and the
+// replica promoted. Every event in the promoted primary's stream is charged
+// exactly once, the PEL drains, every process keeps running and logs one
+// WARN naming the old and the new primary; /readyz names the new one.
+// PELGUARD_SENTINEL_RUNS=5 repeats the failover and reports the median of
+// the seconds from the SIGKILL to the first charge through the new primary.
+func TestSentinelFailoverBillsOnce(t *testing.T) {
+	t.Parallel()
+	runs, _ := strconv.Atoi(os.Getenv("PELGUARD_SENTINEL_RUNS"))
+	var firsts []float64
+	for run := range max(runs, 1) {
+		set := startSentinels(t)
+		ctx := context.Background()
+		r := newSentinelRun(t, set)
+		r.produce(5 * time.Millisecond)
+		testenv.Eventually(t, 60*time.Second, func() bool { return r.charged() >= 150 }, "billing under way")
+		old, err := set.Primary(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set.Kill(old)
+		killed := time.Now()
+		np, err := set.WaitPromoted(ctx, old, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		promoted := time.Since(killed)
+		// Load through the promotion and a moment after it.
+		testenv.Eventually(t, 60*time.Second, func() bool { f, ok := r.firstChargeAfter(killed); return ok && f > 0 }, "a charge through the new primary")
+		time.Sleep(time.Second)
+		r.stopProducing()
+		r.settle(90 * time.Second)
+		first, _ := r.firstChargeAfter(killed)
+		firsts = append(firsts, first)
+		t.Logf("run %d: SIGKILL of %s; %s promoted after %.2fs; first charge through it %.2fs after the SIGKILL",
+			run+1, old.Addr(), np.Addr(), promoted.Seconds(), first)
+		r.checkPrimaryLog(old, np)
+		for _, p := range r.procs {
+			if code, body := get(t, "http://"+p.addr()+"/readyz"); code != 200 || !strings.Contains(body, "redis primary: "+np.Addr()) {
+				t.Errorf("%s /readyz %d %q, want 200 naming %s", p.name, code, body, np.Addr())
+			}
+			p.stop()
+		}
+		set.Stop()
+	}
+	slices.Sort(firsts)
+	t.Logf("seconds from SIGKILL to the first charge through the new primary (down-after-milliseconds 1000, quorum 2, 3 sentinels): %v, median %.2f",
+		firsts, firsts[len(firsts)/2])
+}
