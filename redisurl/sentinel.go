@@ -187,7 +187,17 @@ func DescribeError(opt *redis.FailoverOptions, err error) error {
 	}
 	sentinels := strings.Join(opt.SentinelAddrs, ",")
 	if MasterUnknown(err) {
-		return fmt.Errorf("the sentinels (%s) know no master named %q: check master_name against their 'sentinel monitor' lines: %w", sentinels, opt.MasterName, err)
+		return &sentinelError{fmt.Sprintf("the sentinels that answered (of %s) know no master named %q: check master_name against their 'sentinel monitor' lines", sentinels, opt.MasterName), err}
 	}
 	return err
 }
+
+// sentinelError words go-redis's error (which joins one line per sentinel)
+// in one sentence, keeping it for errors.Is.
+type sentinelError struct {
+	msg string
+	err error
+}
+
+func (e *sentinelError) Error() string { return e.msg }
+func (e *sentinelError) Unwrap() error { return e.err }

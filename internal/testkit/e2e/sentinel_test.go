@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -294,4 +295,46 @@ func TestSentinelFailoverBillsOnce(t *testing.T) {
 	slices.Sort(firsts)
 	t.Logf("seconds from SIGKILL to the first charge through the new primary (down-after-milliseconds 1000, quorum 2, 3 sentinels): %v, median %.2f",
 		firsts, firsts[len(firsts)/2])
+}
+
+// Bad Sentinel settings stop the binaries at start with a message that
+// names the fix, never a password: no master_name or an option that reads
+// from replicas, exit 2; a master name the sentinels do not know, exit 3
+// after --wait-for-deps naming the name and the sentinels asked; no
+// sentinel reachable, exit 3 naming them.
+func TestSentinelStartupErrors(t *testing.T) {
+	t.Parallel()
+	set := startSentinels(t)
+	_, dbURL := testenv.DBWithURL(t)
+	good := set.URL()
+	sentinels := good[len("redis+sentinel://"):]
+	sentinels = sentinels[strings.Index(sentinels, "@")+1 : strings.Index(sentinels, "/")]
+	closed := "redis+sentinel://:" + url.QueryEscape(sentinelDataPassword) + "@127.0.0.1:1,127.0.0.1:2/0?master_name=pelguard"
+	for _, c := range []struct {
+		name, url string
+		code      int
+		want      []string
+	}{
+		{"no master_name", strings.Replace(good, "master_name=pelguard", "db=0", 1), 2, []string{"master_name"}},
+		{"route_by_latency", good + "&route_by_latency=true", 2, []string{"route_by_latency", "primary"}},
+		{"replica_only", good + "&replica_only=true", 2, []string{"replica_only"}},
+		{"password parameter", good + "&password=x", 2, []string{"option password"}},
+		{"unknown master", strings.Replace(good, "master_name=pelguard", "master_name=nosuch", 1), 3,
+			[]string{`know no master named "nosuch"`, sentinels, "within --wait-for-deps 2s"}},
+		{"no sentinel", closed, 3, []string{"127.0.0.1:1,127.0.0.1:2", "did not answer"}},
+	} {
+		for _, bin := range []string{"consumer", "reaper"} {
+			env := baseEnv("DATABASE_URL="+dbURL, "REDIS_URL="+c.url, "STRIPE_API_KEY="+testKey, "STRIPE_API_BASE=http://127.0.0.1:1")
+			res := runBin(t, bin, env, time.Minute, "--metrics-addr", "", "--wait-for-deps", "2s")
+			if res.code != c.code {
+				t.Errorf("%s, %s: exit %d, want %d\n%s", c.name, bin, res.code, c.code, res.out)
+				continue
+			}
+			for _, w := range c.want {
+				if !strings.Contains(res.out, w) {
+					t.Errorf("%s, %s: output does not name %q:\n%s", c.name, bin, w, res.out)
+				}
+			}
+		}
+	}
 }
