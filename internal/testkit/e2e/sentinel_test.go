@@ -223,10 +223,10 @@ func (r *sentinelRun) perKey() map[string]int {
 	return out
 }
 
-// checkPrimaryLog: each process logged exactly one WARN for the change,
-// naming the old and the new primary, and go-redis's routine sentinel
-// lines at INFO.
-func (r *sentinelRun) checkPrimaryLog(old, new *redissentinel.Node) {
+// checkPrimaryLog: each process logged exactly one WARN per change of
+// primary, in order, naming the old and the new one, and go-redis's
+// routine sentinel lines at INFO.
+func (r *sentinelRun) checkPrimaryLog(path ...*redissentinel.Node) {
 	for _, p := range r.procs {
 		out := p.out.String()
 		var warns []string
@@ -238,11 +238,104 @@ func (r *sentinelRun) checkPrimaryLog(old, new *redissentinel.Node) {
 				r.t.Errorf("%s: go-redis's routine sentinel line not at INFO: %s", p.name, l)
 			}
 		}
-		if len(warns) != 1 || !strings.Contains(warns[0], "level=WARN") ||
-			!strings.Contains(warns[0], "old_primary="+old.Addr()) || !strings.Contains(warns[0], "new_primary="+new.Addr()) {
-			r.t.Errorf("%s: %d primary-change lines %q, want one WARN naming %s and %s", p.name, len(warns), warns, old.Addr(), new.Addr())
+		ok := len(warns) == len(path)-1
+		for i := 0; ok && i < len(warns); i++ {
+			ok = strings.Contains(warns[i], "level=WARN") && strings.Contains(warns[i], "old_primary="+path[i].Addr()) &&
+				strings.Contains(warns[i], "new_primary="+path[i+1].Addr())
+		}
+		if !ok {
+			r.t.Errorf("%s: primary-change lines %q, want one WARN for each step of %v", p.name, warns, addrs(path))
 		}
 	}
+}
+
+func addrs(nodes []*redissentinel.Node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.Addr()
+	}
+	return out
+}
+
+// How a scenario moves the primary, while the producer and the roles run.
+// It returns the primaries in order, the first included, and the moment
+// the first move began.
+type primaryMove func(t *testing.T, set *redissentinel.Set) ([]*redissentinel.Node, time.Time)
+
+// killPrimary SIGKILLs the primary (and, with sentinelToo, one sentinel at
+// the same moment) and waits for the promotion.
+func killPrimary(sentinelToo bool) primaryMove {
+	return func(t *testing.T, set *redissentinel.Set) ([]*redissentinel.Node, time.Time) {
+		ctx := context.Background()
+		old, err := set.Primary(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		set.Kill(old)
+		if sentinelToo {
+			set.Kill(set.Sentinels[0])
+		}
+		np, err := set.WaitPromoted(ctx, old, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("SIGKILL of %s (and a sentinel: %v); the sentinels name %s %.2fs later", old.Addr(), sentinelToo, np.Addr(), time.Since(killed).Seconds())
+		return []*redissentinel.Node{old, np}, killed
+	}
+}
+
+// switchOverAndBack asks the sentinels for a planned switch-over
+// (SENTINEL FAILOVER), then for another, back to the first primary.
+func switchOverAndBack(t *testing.T, set *redissentinel.Set) ([]*redissentinel.Node, time.Time) {
+	ctx := context.Background()
+	first, err := set.Primary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	second, err := set.Failover(ctx, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // billing through the second primary for a moment
+	back, err := set.Failover(ctx, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != first {
+		t.Fatalf("switched back to %s, want %s", back.Addr(), first.Addr())
+	}
+	t.Logf("SENTINEL FAILOVER to %s and back to %s in %.2fs", second.Addr(), back.Addr(), time.Since(began).Seconds())
+	return []*redissentinel.Node{first, second, back}, began
+}
+
+// runSentinelScenario bills under load while move moves the primary, then
+// checks every event of the final primary's stream was charged exactly
+// once, the PEL drained, every role kept running and logged each change
+// once; it returns the seconds from the move to the first charge of an
+// event added after it.
+func runSentinelScenario(t *testing.T, move primaryMove) float64 {
+	set := startSentinels(t)
+	r := newSentinelRun(t, set)
+	r.produce(5 * time.Millisecond)
+	testenv.Eventually(t, 60*time.Second, func() bool { return r.charged() >= 150 }, "billing under way")
+	path, moved := move(t, set)
+	testenv.Eventually(t, 60*time.Second, func() bool { f, ok := r.firstChargeAfter(moved); return ok && f > 0 }, "a charge through the new primary")
+	time.Sleep(time.Second) // load a moment longer
+	r.stopProducing()
+	r.settle(90 * time.Second)
+	first, _ := r.firstChargeAfter(moved)
+	r.checkPrimaryLog(path...)
+	last := path[len(path)-1]
+	for _, p := range r.procs {
+		if code, body := get(t, "http://"+p.addr()+"/readyz"); code != 200 || !strings.Contains(body, "redis primary: "+last.Addr()) {
+			t.Errorf("%s /readyz %d %q, want 200 naming %s", p.name, code, body, last.Addr())
+		}
+		p.stop()
+	}
+	set.Stop()
+	return first
 }
 
 // Two consumers and the reaper bill through the sentinels; the primary is
@@ -251,50 +344,33 @@ func (r *sentinelRun) checkPrimaryLog(old, new *redissentinel.Node) {
 // replica promoted. Every event in the promoted primary's stream is charged
 // exactly once, the PEL drains, every process keeps running and logs one
 // WARN naming the old and the new primary; /readyz names the new one.
-// PELGUARD_SENTINEL_RUNS=5 repeats the failover and reports the median of
-// the seconds from the SIGKILL to the first charge through the new primary.
+// PELGUARD_SENTINEL_RUNS=5 repeats it and reports the median of the seconds
+// from the SIGKILL to the first charge through the new primary.
 func TestSentinelFailoverBillsOnce(t *testing.T) {
 	t.Parallel()
 	runs, _ := strconv.Atoi(os.Getenv("PELGUARD_SENTINEL_RUNS"))
 	var firsts []float64
-	for run := range max(runs, 1) {
-		set := startSentinels(t)
-		ctx := context.Background()
-		r := newSentinelRun(t, set)
-		r.produce(5 * time.Millisecond)
-		testenv.Eventually(t, 60*time.Second, func() bool { return r.charged() >= 150 }, "billing under way")
-		old, err := set.Primary(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		set.Kill(old)
-		killed := time.Now()
-		np, err := set.WaitPromoted(ctx, old, 30*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		promoted := time.Since(killed)
-		// Load through the promotion and a moment after it.
-		testenv.Eventually(t, 60*time.Second, func() bool { f, ok := r.firstChargeAfter(killed); return ok && f > 0 }, "a charge through the new primary")
-		time.Sleep(time.Second)
-		r.stopProducing()
-		r.settle(90 * time.Second)
-		first, _ := r.firstChargeAfter(killed)
-		firsts = append(firsts, first)
-		t.Logf("run %d: SIGKILL of %s; %s promoted after %.2fs; first charge through it %.2fs after the SIGKILL",
-			run+1, old.Addr(), np.Addr(), promoted.Seconds(), first)
-		r.checkPrimaryLog(old, np)
-		for _, p := range r.procs {
-			if code, body := get(t, "http://"+p.addr()+"/readyz"); code != 200 || !strings.Contains(body, "redis primary: "+np.Addr()) {
-				t.Errorf("%s /readyz %d %q, want 200 naming %s", p.name, code, body, np.Addr())
-			}
-			p.stop()
-		}
-		set.Stop()
+	for range max(runs, 1) {
+		firsts = append(firsts, runSentinelScenario(t, killPrimary(false)))
 	}
 	slices.Sort(firsts)
-	t.Logf("seconds from SIGKILL to the first charge through the new primary (down-after-milliseconds 1000, quorum 2, 3 sentinels): %v, median %.2f",
+	t.Logf("seconds from SIGKILL to the first charge through the new primary (down-after-milliseconds 1000, quorum 2, 3 sentinels): %.2f, median %.2f",
 		firsts, firsts[len(firsts)/2])
+}
+
+// The same with one of the three sentinels SIGKILLed together with the
+// primary: the two left are still a quorum and a majority.
+func TestSentinelFailoverWithASentinelDown(t *testing.T) {
+	t.Parallel()
+	first := runSentinelScenario(t, killPrimary(true))
+	t.Logf("first charge through the new primary %.2fs after the SIGKILL", first)
+}
+
+// A planned switch-over (SENTINEL FAILOVER) and another back, under load:
+// the same guarantees, one WARN per change.
+func TestSentinelSwitchOverAndBack(t *testing.T) {
+	t.Parallel()
+	runSentinelScenario(t, switchOverAndBack)
 }
 
 // Bad Sentinel settings stop the binaries at start with a message that
