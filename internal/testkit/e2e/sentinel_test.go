@@ -56,6 +56,9 @@ type sentinelRun struct {
 	rdb    redis.UniversalClient
 	stream string
 	procs  []*proc
+	// meter: usage to Stripe Billing Meters (consumer meter-events, the
+	// reaper's --meter-stream) instead of charges.
+	meter bool
 
 	mu    sync.Mutex
 	added map[int]time.Time // event index → when its XADD succeeded
@@ -68,7 +71,13 @@ const sentinelPeriod = "2026-11"
 
 func sentinelCustomer(i int) string { return "c_s" + strconv.Itoa(i) }
 
-func newSentinelRun(t *testing.T, set *redissentinel.Set) *sentinelRun {
+// The meter runs give each event a Stripe customer of its own: its usage
+// at the emulator is 1 exactly when the event was counted once.
+func meterCustomer(i int) string { return "cus_m" + strconv.Itoa(i) }
+
+const sentinelMeter = "api_requests"
+
+func newSentinelRun(t *testing.T, set *redissentinel.Set, meter bool) *sentinelRun {
 	t.Helper()
 	ctx := context.Background()
 	// A few milliseconds a call, so that calls are in flight when the
@@ -81,19 +90,30 @@ func newSentinelRun(t *testing.T, set *redissentinel.Set) *sentinelRun {
 	}
 	t.Cleanup(func() { _ = rdb.Close() })
 	r := &sentinelRun{t: t, set: set, sim: sim, rdb: rdb, stream: "billing-sentinel", added: map[int]time.Time{},
-		stopP: make(chan struct{}), doneP: make(chan struct{})}
+		stopP: make(chan struct{}), doneP: make(chan struct{}), meter: meter}
+	if meter {
+		r.stream = "usage-sentinel"
+		if _, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: sentinelMeter}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := rdb.XGroupCreateMkStream(ctx, r.stream, "billing-group", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, dbURL := testenv.DBWithURL(t)
-	env := baseEnv("DATABASE_URL="+dbURL, "REDIS_URL="+set.URL(), "STRIPE_API_KEY="+testKey,
-		"STRIPE_API_BASE="+sim.URL(), "PELGUARD_STREAM="+r.stream)
-	for i := range 2 {
-		r.procs = append(r.procs, startBin(t, "consumer", env, "--metrics-addr", "127.0.0.1:0", "--block", "200ms",
-			"--lease", "3s", "--name", "sentinel-c"+strconv.Itoa(i)))
+	env := baseEnv("DATABASE_URL="+dbURL, "REDIS_URL="+set.URL(), "STRIPE_API_KEY="+testKey, "STRIPE_API_BASE="+sim.URL())
+	var cmd, reap []string
+	if meter {
+		cmd, reap = []string{"meter-events", "--stream", r.stream}, []string{"--meter-stream", r.stream}
+	} else {
+		cmd, reap = []string{"run", "--stream", r.stream}, []string{"--stream", r.stream}
 	}
-	r.procs = append(r.procs, startBin(t, "reaper", env, "--metrics-addr", "127.0.0.1:0", "--min-idle", "3s",
-		"--interval", "500ms", "--lease", "3s"))
+	for i := range 2 {
+		r.procs = append(r.procs, startBin(t, "consumer", env, append(cmd, "--metrics-addr", "127.0.0.1:0", "--block", "200ms",
+			"--lease", "3s", "--name", "sentinel-c"+strconv.Itoa(i))...))
+	}
+	r.procs = append(r.procs, startBin(t, "reaper", env, append(reap, "--metrics-addr", "127.0.0.1:0", "--min-idle", "3s",
+		"--interval", "500ms", "--lease", "3s")...))
 	for _, p := range r.procs {
 		p.addr()
 	}
@@ -114,9 +134,13 @@ func (r *sentinelRun) produce(gap time.Duration) {
 			case <-time.After(gap):
 			}
 			i := int(r.next.Load())
-			ev := event.Event{CustomerID: sentinelCustomer(i), StripeCustomerID: "cus_s" + strconv.Itoa(i), AmountCents: 100,
-				BillingPeriod: sentinelPeriod, Currency: "usd"}
-			if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.stream, Values: map[string]any{"payload": ev.Payload()}}).Err(); err != nil {
+			payload := event.Event{CustomerID: sentinelCustomer(i), StripeCustomerID: "cus_s" + strconv.Itoa(i), AmountCents: 100,
+				BillingPeriod: sentinelPeriod, Currency: "usd"}.Payload()
+			if r.meter {
+				payload = event.MeterEvent{EventName: sentinelMeter, StripeCustomerID: meterCustomer(i), Value: 1,
+					Timestamp: time.Now().UTC(), EventID: "m" + strconv.Itoa(i)}.Payload()
+			}
+			if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.stream, Values: map[string]any{"payload": payload}}).Err(); err != nil {
 				continue
 			}
 			r.mu.Lock()
@@ -130,6 +154,9 @@ func (r *sentinelRun) produce(gap time.Duration) {
 func (r *sentinelRun) stopProducing() { close(r.stopP); <-r.doneP }
 
 func (r *sentinelRun) charged() int {
+	if r.meter {
+		return int(r.sim.MeterEventCounts().Recorded)
+	}
 	n := 0
 	for _, ch := range r.sim.Charges() {
 		if ch.Status == "succeeded" {
@@ -144,13 +171,25 @@ func (r *sentinelRun) charged() int {
 func (r *sentinelRun) firstChargeAfter(t time.Time) (float64, bool) {
 	r.mu.Lock()
 	after := map[string]bool{}
+	var afterMeter []string
 	for i, at := range r.added {
 		if at.After(t) {
 			after[sentinelCustomer(i)] = true
+			afterMeter = append(afterMeter, meterCustomer(i))
 		}
 	}
 	r.mu.Unlock()
 	first := time.Time{}
+	if r.meter {
+		for _, cus := range afterMeter {
+			for _, e := range r.sim.MeterEvents(sentinelMeter, cus) {
+				if first.IsZero() || e.Received.Before(first) {
+					first = e.Received
+				}
+			}
+		}
+		return first.Sub(t).Seconds(), !first.IsZero()
+	}
 	for _, ch := range r.sim.Charges() {
 		if after[ch.Metadata["customer_id"]] && (first.IsZero() || ch.Created.Before(first)) {
 			first = ch.Created
@@ -174,11 +213,18 @@ func (r *sentinelRun) settle(within time.Duration) {
 		}
 		inStream = map[string]bool{}
 		for _, e := range entries {
-			var ev event.Event
+			var ev struct {
+				CustomerID       string `json:"customer_id"`
+				StripeCustomerID string `json:"stripe_customer_id"`
+			}
 			if err := json.Unmarshal([]byte(e.Values["payload"].(string)), &ev); err != nil {
 				t.Fatalf("entry %s: %v", e.ID, err)
 			}
-			inStream[ev.CustomerID] = true
+			if r.meter {
+				inStream[ev.StripeCustomerID] = true
+			} else {
+				inStream[ev.CustomerID] = true
+			}
 		}
 		perKey := r.perKey()
 		for c := range inStream {
@@ -192,7 +238,12 @@ func (r *sentinelRun) settle(within time.Duration) {
 	perKey := r.perKey()
 	for c := range inStream {
 		if perKey[c] != 1 {
-			t.Errorf("%s: %d succeeded charges, want exactly 1", c, perKey[c])
+			t.Errorf("%s: %d succeeded charges or units of usage, want exactly 1", c, perKey[c])
+		}
+	}
+	for c, n := range perKey {
+		if n > 1 {
+			t.Errorf("%s: %d succeeded charges or units of usage, want at most 1 (an event lost with the old primary may have been billed once)", c, n)
 		}
 	}
 	if d := r.sim.Duplicates(); len(d) != 0 {
@@ -215,6 +266,14 @@ func (r *sentinelRun) settle(within time.Duration) {
 
 func (r *sentinelRun) perKey() map[string]int {
 	out := map[string]int{}
+	if r.meter {
+		for i := range int(r.next.Load()) + 1 {
+			if v := r.sim.MeterTotal(sentinelMeter, meterCustomer(i)); v != 0 {
+				out[meterCustomer(i)] = int(v)
+			}
+		}
+		return out
+	}
 	for _, ch := range r.sim.Charges() {
 		if ch.Status == "succeeded" && ch.Metadata["billing_period"] == sentinelPeriod {
 			out[ch.Metadata["customer_id"]]++
@@ -315,9 +374,9 @@ func switchOverAndBack(t *testing.T, set *redissentinel.Set) ([]*redissentinel.N
 // once, the PEL drained, every role kept running and logged each change
 // once; it returns the seconds from the move to the first charge of an
 // event added after it.
-func runSentinelScenario(t *testing.T, move primaryMove) float64 {
+func runSentinelScenario(t *testing.T, move primaryMove, meter bool) float64 {
 	set := startSentinels(t)
-	r := newSentinelRun(t, set)
+	r := newSentinelRun(t, set, meter)
 	r.produce(5 * time.Millisecond)
 	testenv.Eventually(t, 60*time.Second, func() bool { return r.charged() >= 150 }, "billing under way")
 	path, moved := move(t, set)
@@ -351,7 +410,7 @@ func TestSentinelFailoverBillsOnce(t *testing.T) {
 	runs, _ := strconv.Atoi(os.Getenv("PELGUARD_SENTINEL_RUNS"))
 	var firsts []float64
 	for range max(runs, 1) {
-		firsts = append(firsts, runSentinelScenario(t, killPrimary(false)))
+		firsts = append(firsts, runSentinelScenario(t, killPrimary(false), false))
 	}
 	slices.Sort(firsts)
 	t.Logf("seconds from SIGKILL to the first charge through the new primary (down-after-milliseconds 1000, quorum 2, 3 sentinels): %.2f, median %.2f",
@@ -362,7 +421,7 @@ func TestSentinelFailoverBillsOnce(t *testing.T) {
 // primary: the two left are still a quorum and a majority.
 func TestSentinelFailoverWithASentinelDown(t *testing.T) {
 	t.Parallel()
-	first := runSentinelScenario(t, killPrimary(true))
+	first := runSentinelScenario(t, killPrimary(true), false)
 	t.Logf("first charge through the new primary %.2fs after the SIGKILL", first)
 }
 
@@ -370,7 +429,18 @@ func TestSentinelFailoverWithASentinelDown(t *testing.T) {
 // the same guarantees, one WARN per change.
 func TestSentinelSwitchOverAndBack(t *testing.T) {
 	t.Parallel()
-	runSentinelScenario(t, switchOverAndBack)
+	runSentinelScenario(t, switchOverAndBack, false)
+}
+
+// The same failover for usage: two `consumer meter-events` and the reaper
+// (--meter-stream) send meter events through the sentinels; the primary is
+// SIGKILLed under load. Each event has a Stripe customer of its own, so
+// usage at the emulator is exact when every customer of the promoted
+// primary's stream counts 1 and none counts more.
+func TestSentinelFailoverMeterEventsOnce(t *testing.T) {
+	t.Parallel()
+	first := runSentinelScenario(t, killPrimary(false), true)
+	t.Logf("first meter event through the new primary %.2fs after the SIGKILL", first)
 }
 
 // Bad Sentinel settings stop the binaries at start with a message that

@@ -17,17 +17,27 @@ func startSet(t *testing.T) *redissentinel.Set {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Both passwords: the URL carries the data nodes' before '@' and the
-	// sentinels' as sentinel_password; swapped, neither would connect.
-	s, err := redissentinel.Start(ctx, redissentinel.Options{Dir: t.TempDir(), Password: "data-Pw@1", SentinelPassword: "sentinel-Pw#2"})
-	if errors.Is(err, redissentinel.ErrUnsupported) {
-		t.Skipf("no Redis Sentinel here: %v", err)
-	}
+	s, err := startBenchSet(ctx, t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Stop)
 	return s
+}
+
+// startBenchSet starts a set for tb, stopped at its end, or skips saying
+// how to get a redis-server with sentinel mode. Both passwords are set: the
+// URL carries the data nodes' before '@' and the sentinels' as
+// sentinel_password; swapped, neither would connect.
+func startBenchSet(ctx context.Context, tb testing.TB) (*redissentinel.Set, error) {
+	s, err := redissentinel.Start(ctx, redissentinel.Options{Dir: tb.TempDir(), Password: "data-Pw@1", SentinelPassword: "sentinel-Pw#2"})
+	if errors.Is(err, redissentinel.ErrUnsupported) {
+		tb.Skipf("no Redis Sentinel here: %v", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	tb.Cleanup(s.Stop)
+	return s, nil
 }
 
 // A client from the set's redis+sentinel:// URL writes to the primary,
