@@ -239,7 +239,7 @@ type secretSeed struct {
 
 // delimiterSeeds puts each of '@', ':', '/', '?' and '#', unencoded, in
 // each part (user, password, host, port, database, query, fragment) of a
-// Postgres URL and of each Redis URL form. The secret is always the
+// Postgres URL and of each Redis URL form (one node, Cluster, Sentinel). The secret is always the
 // password, in two pieces long enough to be searched for on their own.
 func delimiterSeeds() []secretSeed {
 	type form struct {
@@ -250,6 +250,7 @@ func delimiterSeeds() []secretSeed {
 		{fieldDatabase, "postgres://", "billing", "127.0.0.1", "1", "pelguard", "sslmode=disable&connect_timeout=1"},
 		{fieldRedis, "redis://", "app", "127.0.0.1", "1", "0", "dial_timeout=1s&max_retries=-1"},
 		{fieldRedis, "redis+cluster://", "app", "127.0.0.1", "1", "", "dial_timeout=1s&max_retries=-1"},
+		{fieldRedis, "redis+sentinel://", "app", "127.0.0.1", "1", "0", "master_name=billing&dial_timeout=1s&max_retries=-1"},
 	}
 	var out []secretSeed
 	for _, f := range forms {
@@ -337,6 +338,7 @@ func TestStartupRefusesAnAtInTheUserinfo(t *testing.T) {
 		{fieldRedis, "redis://:s3cretXY@P4ssWord@127.0.0.1:6379/0"},
 		{fieldRedis, "redis://app:s3cretXY@P4ssWord@127.0.0.1:6379/0"},
 		{fieldRedis, "redis+cluster://app:s3cretXY@P4ssWord@127.0.0.1:7000,127.0.0.1:7001/"},
+		{fieldRedis, "redis+sentinel://:s3cretXY@P4ssWord@127.0.0.1:26379,127.0.0.1:26380/0?master_name=billing"},
 	} {
 		for _, p := range startPaths(users) {
 			if !p.takes[c.field] {
