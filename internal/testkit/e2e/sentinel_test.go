@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"slices"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/event"
@@ -54,6 +57,8 @@ type sentinelRun struct {
 	set    *redissentinel.Set
 	sim    *stripesim.Server
 	rdb    redis.UniversalClient
+	db     *pgxpool.Pool // the ledger, whose charged_at times the first charge
+	schema string
 	stream string
 	procs  []*proc
 	// meter: usage to Stripe Billing Meters (consumer meter-events, the
@@ -100,7 +105,8 @@ func newSentinelRun(t *testing.T, set *redissentinel.Set, meter bool) *sentinelR
 	if err := rdb.XGroupCreateMkStream(ctx, r.stream, "billing-group", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, dbURL := testenv.DBWithURL(t)
+	pool, dbURL := testenv.DBWithURL(t)
+	r.db, r.schema = pool, testenv.SchemaOfURL(dbURL)
 	env := baseEnv("DATABASE_URL="+dbURL, "REDIS_URL="+set.URL(), "STRIPE_API_KEY="+testKey, "STRIPE_API_BASE="+sim.URL())
 	var cmd, reap []string
 	if meter {
@@ -170,11 +176,10 @@ func (r *sentinelRun) charged() int {
 // (so only ever in the new primary's stream), as seconds after t.
 func (r *sentinelRun) firstChargeAfter(t time.Time) (float64, bool) {
 	r.mu.Lock()
-	after := map[string]bool{}
-	var afterMeter []string
+	var after, afterMeter []string
 	for i, at := range r.added {
 		if at.After(t) {
-			after[sentinelCustomer(i)] = true
+			after = append(after, sentinelCustomer(i))
 			afterMeter = append(afterMeter, meterCustomer(i))
 		}
 	}
@@ -190,10 +195,15 @@ func (r *sentinelRun) firstChargeAfter(t time.Time) (float64, bool) {
 		}
 		return first.Sub(t).Seconds(), !first.IsZero()
 	}
-	for _, ch := range r.sim.Charges() {
-		if after[ch.Metadata["customer_id"]] && (first.IsZero() || ch.Created.Before(first)) {
-			first = ch.Created
-		}
+	// The ledger's charged_at, not the emulator's created (whole seconds,
+	// as Stripe's): recorded right after Stripe's answer.
+	var at *time.Time
+	if err := r.db.QueryRow(context.Background(), `SELECT min(charged_at) FROM `+pgx.Identifier{r.schema, "billing_records"}.Sanitize()+
+		` WHERE status = 'charged' AND customer_id = ANY($1)`, after).Scan(&at); err != nil {
+		r.t.Fatal(err)
+	}
+	if at != nil {
+		first = *at
 	}
 	return first.Sub(t).Seconds(), !first.IsZero()
 }
@@ -262,6 +272,20 @@ func (r *sentinelRun) settle(within time.Duration) {
 	}
 	t.Logf("%d events in the promoted primary's stream, each charged once; %d charges in all (events lost with the old primary's last second included)",
 		len(inStream), r.charged())
+}
+
+// dump fails the test with what the run looks like: counts, the PEL, and
+// the end of each process's output.
+func (r *sentinelRun) dump(why string) {
+	r.t.Helper()
+	var b strings.Builder
+	pend, err := r.rdb.XPending(context.Background(), r.stream, "billing-group").Result()
+	fmt.Fprintf(&b, "%s: %d charged, %d added, XPENDING %+v %v\n", why, r.charged(), r.next.Load(), pend, err)
+	for _, p := range r.procs {
+		lines := strings.Split(strings.TrimSpace(p.out.String()), "\n")
+		fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", p.name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+	r.t.Fatal(b.String())
 }
 
 func (r *sentinelRun) perKey() map[string]int {
@@ -380,7 +404,13 @@ func runSentinelScenario(t *testing.T, move primaryMove, meter bool) float64 {
 	r.produce(5 * time.Millisecond)
 	testenv.Eventually(t, 60*time.Second, func() bool { return r.charged() >= 150 }, "billing under way")
 	path, moved := move(t, set)
-	testenv.Eventually(t, 60*time.Second, func() bool { f, ok := r.firstChargeAfter(moved); return ok && f > 0 }, "a charge through the new primary")
+	deadline := time.Now().Add(60 * time.Second)
+	for f, ok := r.firstChargeAfter(moved); !ok || f <= 0; f, ok = r.firstChargeAfter(moved) {
+		if time.Now().After(deadline) {
+			r.dump("no charge through the new primary within 60s")
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
 	time.Sleep(time.Second) // load a moment longer
 	r.stopProducing()
 	r.settle(90 * time.Second)
