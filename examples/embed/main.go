@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/migrations"
+	"github.com/pelguard/pelguard/redisurl"
 )
 
 func main() {
@@ -28,11 +28,11 @@ func run() error {
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
-	ropt, err := redis.ParseURL(cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"))
+	// Any URL the binaries take: redis://, redis+cluster://, redis+sentinel://.
+	rdb, err := redisurl.Open(cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"))
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewClient(ropt)
 	defer rdb.Close()
 	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
 	if err != nil {

@@ -32,7 +32,7 @@ const (
 
 // RegisterRedis adds --redis-url.
 func RegisterRedis(fs *flag.FlagSet, dst *string) {
-	fs.StringVar(dst, "redis-url", Env("REDIS_URL", DefaultRedisURL), "Redis URL, redis://[:password@]host:port/db or rediss://; a Redis Cluster: redis+cluster://host1:port1,host2:port2/ [REDIS_URL]")
+	fs.StringVar(dst, "redis-url", Env("REDIS_URL", DefaultRedisURL), "Redis URL, redis://[:password@]host:port/db or rediss://; a Redis Cluster: redis+cluster://host1:port1,host2:port2/; through Redis Sentinel: redis+sentinel://[:password@]sentinel1:port1,sentinel2:port2/db?master_name=NAME (rediss+…: TLS) [REDIS_URL]")
 }
 
 // RegisterDatabase adds --database-url.
@@ -41,19 +41,20 @@ func RegisterDatabase(fs *flag.FlagSet, dst *string) {
 }
 
 // NewRedis builds a client from url without connecting, and the Dep that
-// waits for it (Waiter.Wait). A redis+cluster:// URL (see ParseClusterURL)
-// gives a *redis.ClusterClient, anything else a single-node client. A URL
-// that does not parse is a UsageError.
+// waits for it (Waiter.Wait). A redis+cluster:// URL gives a
+// *redis.ClusterClient, a redis+sentinel:// URL a failover client that
+// follows the sentinels' primary, anything else a single-node client (package
+// redisurl parses them all). A URL that does not parse is a UsageError.
 func NewRedis(url string) (redis.UniversalClient, Dep, error) {
 	if redact.Misplaced(url) {
 		return nil, Dep{}, misplaced("--redis-url", url, "redis://[user]:password@host:port/db")
 	}
-	c, addr, err := newRedisClient(url)
+	c, addr, fo, err := newRedisClient(url)
 	if err != nil {
-		return nil, Dep{}, Usagef("--redis-url %s: %v", redact.URL(url), redact.ScrubError(err, url))
+		return nil, Dep{}, Usagef("--redis-url %s: %s", redact.URL(url), redact.Scrub(redisUsage(err), url))
 	}
 	return c, Dep{Name: "Redis", Addr: addr, Env: "REDIS_URL", Permanent: redisPermanent,
-		Ping: func(ctx context.Context) error { return redact.ScrubError(c.Ping(ctx).Err(), url) }}, nil
+		Ping: func(ctx context.Context) error { return redact.ScrubError(pingRedis(ctx, c, fo), url) }}, nil
 }
 
 // misplaced refuses a URL whose password a parser would read as a host, a

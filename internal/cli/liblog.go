@@ -29,17 +29,30 @@ func RouteLibraryLogs(logger *slog.Logger) {
 		return
 	}
 	redis.SetLogger(redisLogger{logger})
+	primaryLogger.Store(logger)
 }
 
 // redisLogger implements go-redis v9's internal.Logging (Printf with a
-// context). go-redis logs only what it cannot return as an error (dial
-// failures in its background pool, hook failures, recovered panics), so
-// each line is a warning.
+// context). go-redis logs what it cannot return as an error (dial failures
+// in its background pool, hook failures, recovered panics): a warning. Its
+// Sentinel client also reports its routine work (a sentinel selected or
+// discovered, a new master followed): information, since pelguard logs its
+// own warning, once, when the primary changes.
 type redisLogger struct{ l *slog.Logger }
 
+// routineSentinel are the starts of go-redis's routine Sentinel lines.
+var routineSentinel = []string{"sentinel: new master", "sentinel: discovered new sentinel",
+	"sentinel: selected addr", "sentinel: ignore addr"}
+
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	msg := strings.TrimSpace(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
+	level := slog.LevelWarn
+	for _, p := range routineSentinel {
+		if strings.HasPrefix(msg, p) {
+			level = slog.LevelInfo
+		}
+	}
 	// The text goes in msg, which the handler's ReplaceAttr redacts like
 	// any other string (a URL with a password would be masked).
-	r.l.LogAttrs(ctx, slog.LevelWarn, strings.TrimSpace(msg), slog.String("library", "go-redis"))
+	r.l.LogAttrs(ctx, level, msg, slog.String("library", "go-redis"))
 }

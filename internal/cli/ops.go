@@ -22,7 +22,7 @@ import (
 func NewRegistry(role string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		BuildInfo(role))
+		BuildInfo(role), redisPrimaryChanges)
 	return reg
 }
 
@@ -90,10 +90,12 @@ func ServeOps(addr string, reg *prometheus.Registry, checks []Check, logger *slo
 			if err := c.Fn(ctx); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintf(w, "%s: not ready\n", c.Name)
+				writePrimary(w)
 				return
 			}
 		}
 		fmt.Fprintln(w, "ok")
+		writePrimary(w)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -123,4 +125,12 @@ func (o *Ops) Close(ctx context.Context) error {
 		return nil
 	}
 	return o.srv.Shutdown(ctx)
+}
+
+// writePrimary adds the Redis primary this process's Sentinel client
+// reached last, when it has one: after a failover, the address it follows.
+func writePrimary(w http.ResponseWriter) {
+	if p := lastPrimary.Load(); p != nil && *p != "" {
+		fmt.Fprintf(w, "redis primary: %s\n", *p)
+	}
 }

@@ -4,184 +4,110 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"strings"
-	"syscall"
+	"log/slog"
+	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/internal/tracing"
+	"github.com/pelguard/pelguard/redisurl"
 )
 
-// Cluster URL schemes. A Redis Cluster is named by its seed nodes, comma
-// separated, in one URL:
-//
-//	redis+cluster://[user:password@]host1:port1,host2:port2,host3:port3[/][?option=value…]
-//	rediss+cluster://…   (TLS)
-//
-// Options are go-redis's ClusterOptions in snake case (dial_timeout,
-// read_timeout, max_retries, max_redirects, pool_size, …), exactly as
-// redis.ParseClusterURL reads them; a database number is refused (a cluster
-// has only database 0). Any one reachable seed is enough: the client learns
-// the rest of the topology (and every later failover) from the cluster.
+// The URL forms and their parsing are package redisurl's, shared with
+// library users; these names keep the binaries' code short.
 const (
-	SchemeCluster    = "redis+cluster"
-	SchemeClusterTLS = "rediss+cluster"
+	SchemeCluster    = redisurl.SchemeCluster
+	SchemeClusterTLS = redisurl.SchemeClusterTLS
 )
 
 // IsClusterURL reports whether raw names a Redis Cluster.
-func IsClusterURL(raw string) bool {
-	s := strings.ToLower(raw)
-	return strings.HasPrefix(s, SchemeCluster+"://") || strings.HasPrefix(s, SchemeClusterTLS+"://")
-}
+func IsClusterURL(raw string) bool { return redisurl.KindOf(raw) == redisurl.Cluster }
 
-// ParseClusterURL turns a redis+cluster:// URL into go-redis cluster
-// options, through redis.ParseClusterURL (the first seed becomes the URL's
-// host, the others its addr= parameters).
-func ParseClusterURL(raw string) (*redis.ClusterOptions, error) {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok || !IsClusterURL(raw) {
-		return nil, fmt.Errorf("not a %s:// URL", SchemeCluster)
-	}
-	base := "redis"
-	if strings.EqualFold(scheme, SchemeClusterTLS) {
-		base = "rediss"
-	}
-	authority, tail := rest, ""
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority, tail = rest[:i], rest[i:]
-	}
-	userinfo, hosts := "", authority
-	if i := strings.LastIndex(authority, "@"); i >= 0 {
-		userinfo, hosts = authority[:i+1], authority[i+1:]
-	}
-	path, query := tail, ""
-	if i := strings.IndexByte(tail, '?'); i >= 0 {
-		path, query = tail[:i], tail[i+1:]
-	}
-	if strings.Contains(path, "#") {
-		return nil, fmt.Errorf("unexpected fragment")
-	}
-	if path != "" && path != "/" && path != "/0" {
-		return nil, fmt.Errorf("a Redis Cluster has only database 0, not %q", strings.TrimPrefix(path, "/"))
-	}
-	var seeds []string
-	for _, h := range strings.Split(hosts, ",") {
-		h = strings.TrimSpace(h)
-		if h == "" {
-			continue
-		}
-		if host, port, err := net.SplitHostPort(h); err != nil || host == "" || port == "" {
-			return nil, fmt.Errorf("seed %q: want host:port", h)
-		}
-		seeds = append(seeds, h)
-	}
-	if len(seeds) == 0 {
-		return nil, fmt.Errorf("no seed nodes: want %s://host1:port1,host2:port2/", SchemeCluster)
-	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
-		return nil, fmt.Errorf("query: %w", err)
-	}
-	if q.Has("addr") {
-		return nil, fmt.Errorf("list seed nodes in the host part, comma separated, not as addr=")
-	}
-	for _, s := range seeds[1:] {
-		q.Add("addr", s)
-	}
-	u := base + "://" + userinfo + seeds[0]
-	if enc := q.Encode(); enc != "" {
-		u += "?" + enc
-	}
-	return redis.ParseClusterURL(u)
-}
+// ParseClusterURL is redisurl.ParseCluster.
+func ParseClusterURL(raw string) (*redis.ClusterOptions, error) { return redisurl.ParseCluster(raw) }
 
-// NewClusterClient is redis.NewClusterClient plus a hook that re-reads the
-// cluster's topology whenever a command fails the way a shard failover makes
-// it fail. go-redis reloads at once on MOVED/ASK, but a SIGKILLed master
-// answers nothing: without the hook every command for its slots keeps
-// dialling the dead address until the periodic reload (60 s), long after its
-// replica was promoted. (Shortening ClusterStateReloadInterval instead costs
-// throughput: at 1 s, go-redis v9.23 billed 45 events/s instead of ~580 in
-// internal/rediscluster's benchmark.)
+// NewClusterClient is redisurl.NewClusterClient.
 func NewClusterClient(opt *redis.ClusterOptions) *redis.ClusterClient {
-	c := redis.NewClusterClient(opt)
-	c.AddHook(failoverHook{c})
-	return c
+	return redisurl.NewClusterClient(opt)
 }
 
-// failoverHook asks for a topology reload (go-redis coalesces them: one at a
-// time, 200 ms apart) after errors a failover produces.
-type failoverHook struct{ c *redis.ClusterClient }
+// redisPrimaryChanges counts, process wide, the changes of the primary a
+// Sentinel client's connections reach.
+var redisPrimaryChanges = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "pelguard_redis_primary_changes_total",
+	Help: "Times this process's Redis connections (through Redis Sentinel) reached a new primary: each is a failover or a switch-over. The first primary found at start is not counted.",
+})
 
-func (h failoverHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+// primaryLogger is where primary changes are logged: the command's logger,
+// set by RouteLibraryLogs (slog's default before).
+var primaryLogger atomic.Pointer[slog.Logger]
 
-func (h failoverHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if failoverError(err) {
-			h.c.ReloadState(ctx)
-		}
-		return err
+// lastPrimary is the primary a Sentinel client of this process reached
+// last, for /readyz.
+var lastPrimary atomic.Pointer[string]
+
+func logPrimary(old, new string) {
+	lastPrimary.Store(&new)
+	l := primaryLogger.Load()
+	if l == nil {
+		l = slog.Default()
 	}
+	if old == "" {
+		l.Info("Redis primary found through the sentinels", slog.String("primary", new))
+		return
+	}
+	redisPrimaryChanges.Inc()
+	l.Warn("Redis primary changed (a Sentinel failover or switch-over): entries read but not acknowledged on the old one come back as pending and the ledger decides each",
+		slog.String("old_primary", old), slog.String("new_primary", new))
 }
 
-func (h failoverHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		if failoverError(err) {
-			h.c.ReloadState(ctx)
-		}
-		return err
-	}
+// RedisPrimary is the address of the primary a Sentinel client c reached
+// last, or "" (not a Sentinel client, or not connected yet).
+func RedisPrimary(c redis.UniversalClient) string {
+	addr, _ := redisurl.Primary(c)
+	return addr
 }
 
-// failoverError: the node is gone or unreachable, or the cluster says it is
-// reconfiguring. All transient for pelguard: the entry stays pending, the
-// ledger decides what a redelivery does.
-func failoverError(err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
-		return false
+// newRedisClient builds a single-node, cluster or Sentinel client from a
+// URL, the address list to name in errors, and the Sentinel options (nil
+// for the other kinds).
+func newRedisClient(raw string) (redis.UniversalClient, string, *redis.FailoverOptions, error) {
+	cfg, err := redisurl.Parse(raw)
+	if err != nil {
+		return nil, "", nil, err
 	}
-	for _, p := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED)
-}
-
-// newRedisClient builds a single-node or cluster client from a URL, and the
-// address list to name in errors.
-func newRedisClient(raw string) (redis.UniversalClient, string, error) {
-	var c redis.UniversalClient
-	var addr string
-	if IsClusterURL(raw) {
-		opt, err := ParseClusterURL(raw)
-		if err != nil {
-			return nil, "", err
-		}
-		c, addr = NewClusterClient(opt), strings.Join(opt.Addrs, ",")
-	} else {
-		opt, err := redis.ParseURL(raw)
-		if err != nil {
-			return nil, "", err
-		}
-		c, addr = redis.NewClient(opt), opt.Addr
-	}
+	cfg.OnPrimary = logPrimary
+	c := cfg.NewClient()
 	if tracing.Enabled() {
 		// go-redis's own instrumentation: a span per command under the
 		// event's. Without the statement: command arguments carry event
 		// bodies and dead-letter details.
 		if err := redisotel.InstrumentTracing(c, redisotel.WithDBStatement(false)); err != nil {
 			_ = c.Close()
-			return nil, "", err
+			return nil, "", nil, err
 		}
 	}
-	return c, addr, nil
+	return c, cfg.Addr(), cfg.Failover, nil
+}
+
+// redisUsage words a URL parse error: a refused or missing option is named
+// first.
+func redisUsage(err error) string {
+	var oe *redisurl.OptionError
+	if errors.As(err, &oe) {
+		return fmt.Sprintf("option %s: %s", oe.Option, oe.Reason)
+	}
+	return err.Error()
+}
+
+// pingRedis is the Dep's try: a Sentinel client's error says whether the
+// sentinels answered without knowing the master name.
+func pingRedis(ctx context.Context, c redis.UniversalClient, fo *redis.FailoverOptions) error {
+	err := c.Ping(ctx).Err()
+	if fo != nil {
+		return redisurl.DescribeError(fo, err)
+	}
+	return err
 }

@@ -45,7 +45,7 @@ func TestParseClusterURL(t *testing.T) {
 
 func TestNewRedisClientKinds(t *testing.T) {
 	t.Parallel()
-	c, addr, err := newRedisClient("redis+cluster://127.0.0.1:1,127.0.0.1:2/")
+	c, addr, _, err := newRedisClient("redis+cluster://127.0.0.1:1,127.0.0.1:2/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestNewRedisClientKinds(t *testing.T) {
 	if _, ok := c.(*redis.ClusterClient); !ok || addr != "127.0.0.1:1,127.0.0.1:2" {
 		t.Errorf("got %T at %s, want a cluster client", c, addr)
 	}
-	s, addr, err := newRedisClient("redis://127.0.0.1:6379/2")
+	s, addr, _, err := newRedisClient("redis://127.0.0.1:6379/2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,6 +128,17 @@ func FuzzStartupSecrets(f *testing.F) {
 			}
 		}
 	}
+	// Every URL delimiter, unencoded, in every part of every URL form; each
+	// seed runs on one start path, the paths taken in turn.
+	for n, s := range delimiterSeeds() {
+		var takers []int
+		for i := range paths {
+			if paths[i].takes[s.field] {
+				takers = append(takers, i)
+			}
+		}
+		f.Add(uint8(takers[n%len(takers)]), uint8(s.field), s.prefix, s.secret, s.suffix)
+	}
 	f.Fuzz(func(t *testing.T, pathN, fieldN uint8, prefix, secret, suffix string) {
 		p, field := paths[int(pathN)%len(paths)], int(fieldN)%fieldCount
 		secret = secretRunes(secret)
@@ -204,12 +215,70 @@ func secretPlaced(field int, prefix, value, suffix string) bool {
 	return !keywordValue.MatchString(value) && strings.Contains(suffix, "@") && strings.Contains(userinfo, ":")
 }
 
+// secretForms are the ways output may show the secret s: verbatim,
+// percent-decoded, and each piece of it between URL delimiters that is
+// long enough not to be a word of the messages (a parser that splits a
+// password at its '@' quotes the rest as a host).
 func secretForms(s string) []string {
 	forms := []string{s}
 	if d, err := url.PathUnescape(s); err == nil && d != s && len(d) >= 8 {
 		forms = append(forms, d)
 	}
+	for _, piece := range strings.FieldsFunc(s, func(r rune) bool { return strings.ContainsRune("@:/?#", r) }) {
+		if piece != s && len(piece) >= 8 {
+			forms = append(forms, piece)
+		}
+	}
 	return forms
+}
+
+type secretSeed struct {
+	field                  int
+	prefix, secret, suffix string
+}
+
+// delimiterSeeds puts each of '@', ':', '/', '?' and '#', unencoded, in
+// each part (user, password, host, port, database, query, fragment) of a
+// Postgres URL and of each Redis URL form (one node, Cluster, Sentinel). The secret is always the
+// password, in two pieces long enough to be searched for on their own.
+func delimiterSeeds() []secretSeed {
+	type form struct {
+		field                             int
+		scheme, user, host, port, db, qry string
+	}
+	forms := []form{
+		{fieldDatabase, "postgres://", "billing", "127.0.0.1", "1", "pelguard", "sslmode=disable&connect_timeout=1"},
+		{fieldRedis, "redis://", "app", "127.0.0.1", "1", "0", "dial_timeout=1s&max_retries=-1"},
+		{fieldRedis, "redis+cluster://", "app", "127.0.0.1", "1", "", "dial_timeout=1s&max_retries=-1"},
+		{fieldRedis, "redis+sentinel://", "app", "127.0.0.1", "1", "0", "master_name=billing&dial_timeout=1s&max_retries=-1"},
+	}
+	var out []secretSeed
+	for _, f := range forms {
+		for _, c := range []string{"@", ":", "/", "?", "#"} {
+			for part := range 7 {
+				user, pw, host, port, db, qry, frag := f.user, "Secret0pwPassw0rd1", f.host, f.port, f.db, f.qry, ""
+				switch part {
+				case 0:
+					user = user[:2] + c + user[2:]
+				case 1:
+					pw = "Secret0pw" + c + "Passw0rd1"
+				case 2:
+					host = "127.0" + c + "0.1"
+				case 3:
+					port = "1" + c + "2"
+				case 4:
+					db = db + c + "x"
+				case 5:
+					qry = qry + c + "x"
+				case 6:
+					frag = "#frag" + c + "x"
+				}
+				out = append(out, secretSeed{f.field, f.scheme + user + ":", pw,
+					"@" + host + ":" + port + "/" + db + "?" + qry + frag})
+			}
+		}
+	}
+	return out
 }
 
 func fieldName(f int) string {
@@ -244,6 +313,56 @@ func TestStartupRefusesWrongKeyKinds(t *testing.T) {
 			}
 			if body := strings.TrimSpace(key.value)[8:]; strings.Contains(out, body) {
 				t.Errorf("%s printed the key %q:\n%s", p.name, key.value, out)
+			}
+		}
+	}
+}
+
+// A password with an unencoded '@' (or a user with one) is refused at
+// start by every binary, exit 2 with the misplaced-character message,
+// for Postgres and Redis alike: pgx splits the userinfo at the first '@'
+// and took "P4ss@127.0.0.1" for the host, printing it on every retry.
+// No piece of the password is printed.
+func TestStartupRefusesAnAtInTheUserinfo(t *testing.T) {
+	t.Setenv("PELGUARD_STRIPE_WEBHOOK_SECRET", "whsec_pelguardFuzz0")
+	users := filepath.Join(t.TempDir(), "users")
+	if err := os.WriteFile(users, []byte("alice:$2a$04$abcdefghijklmnopqrstuu0123456789012345678901234567890\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		field int
+		url   string
+	}{
+		{fieldDatabase, "postgres://postgres:s3cretXY@P4ssWord@127.0.0.1:5432/postgres"},
+		{fieldDatabase, "postgres://post@gres:s3cretXY@127.0.0.1:5432/postgres"},
+		{fieldRedis, "redis://:s3cretXY@P4ssWord@127.0.0.1:6379/0"},
+		{fieldRedis, "redis://app:s3cretXY@P4ssWord@127.0.0.1:6379/0"},
+		{fieldRedis, "redis+cluster://app:s3cretXY@P4ssWord@127.0.0.1:7000,127.0.0.1:7001/"},
+		{fieldRedis, "redis+sentinel://:s3cretXY@P4ssWord@127.0.0.1:26379,127.0.0.1:26380/0?master_name=billing"},
+	} {
+		for _, p := range startPaths(users) {
+			if !p.takes[c.field] {
+				continue
+			}
+			settings := map[int]string{fieldDatabase: closedDB, fieldRedis: closedRedis}
+			settings[c.field] = c.url
+			args := append(append([]string{}, p.args...), "--database-url="+settings[fieldDatabase])
+			if p.takes[fieldRedis] {
+				args = append(args, "--redis-url="+settings[fieldRedis])
+			}
+			if p.takes[fieldStripeKey] {
+				args = append(args, "--stripe-key="+validKey)
+			}
+			var stdout, stderr bytes.Buffer
+			code := p.main(context.Background(), args, &stdout, &stderr)
+			out := stdout.String() + stderr.String()
+			if code != 2 || !strings.Contains(out, "the text before '@' is not a URL's user and password") {
+				t.Errorf("%s with %s %s: exit %d, want 2 and the misplaced-character message:\n%s", p.name, fieldName(c.field), c.url, code, out)
+			}
+			for _, piece := range []string{"s3cretXY", "P4ssWord"} {
+				if strings.Contains(out, piece) {
+					t.Errorf("%s with %s %s printed %q:\n%s", p.name, fieldName(c.field), c.url, piece, out)
+				}
 			}
 		}
 	}

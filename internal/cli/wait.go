@@ -13,6 +13,7 @@ import (
 
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/redisurl"
 )
 
 // DefaultWaitForDeps is how long a binary waits, by default, for Redis and
@@ -204,7 +205,9 @@ func postgresPermanent(err error) bool {
 // dataset at start), BUSY, MASTERDOWN and cluster reconfiguration pass.
 func redisPermanent(err error) bool {
 	var re redis.Error
-	if !errors.As(err, &re) {
+	// A master name the sentinels do not know yet (redis.Nil, a redis.Error
+	// too) may be one they are about to be told of: wait, then exit 3.
+	if !errors.As(err, &re) || redisurl.MasterUnknown(err) {
 		return false
 	}
 	for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"} {

@@ -16,6 +16,7 @@ import (
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/redact"
 	"github.com/pelguard/pelguard/reaper"
+	"github.com/pelguard/pelguard/redisurl"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -156,6 +157,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"], data["Losses"] = s.streamStats(ctx), s.streamLosses(ctx)
+	// Through Redis Sentinel, the primary the console's connections reach:
+	// after a failover, the promoted one.
+	data["RedisPrimary"], _ = redisurl.Primary(s.cfg.Redis)
 	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
 	lr := <-liveCh
 	if lr.err != nil {

@@ -129,12 +129,31 @@ var (
 // password for a path, a database name or a fragment, and the server's
 // errors quote it back ("database \":pw@db\" does not exist"). Keyword/value
 // strings and URLs without '@' are never misplaced.
+//
+// A userinfo holding a second, unencoded '@' is misplaced too, although
+// Go's URL parser splits at the last one: pgx splits at the first
+// (postgres://u:s3cret@P4ss@db names the host "P4ss@db" and quotes it in
+// every "waiting for Postgres" line), and a proxy or another client of the
+// same URL may do either.
 func Misplaced(raw string) bool {
 	if !strings.Contains(raw, "@") || keywordValue.MatchString(raw) {
 		return false
 	}
-	_, ok := wellFormed(raw)
-	return !ok
+	u, ok := wellFormed(raw)
+	return !ok || (u.User != nil && strings.Count(authority(raw), "@") > 1)
+}
+
+// authority is the text between a URL's "//" and the path, query or
+// fragment that follows.
+func authority(raw string) string {
+	_, rest, ok := strings.Cut(raw, "//")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 // wellFormed parses raw as a URL with an authority holding its whole

@@ -159,15 +159,19 @@ func TestStringEnvironmentAndUnclosedSecrets(t *testing.T) {
 func TestMisplaced(t *testing.T) {
 	t.Parallel()
 	for raw, want := range map[string]bool{
-		"postgres:///:Secret0pw@db":              true, // pgx: database ":Secret0pw@db"
-		"redis://:123#Secret0pw@host/0":          true,
-		"postgresql:/billing:Secret0pw@db/x":     true,
-		"postgres://u:Secret0pw@db/x?a=b@c":      true,
-		"postgres://u:Sec@ret0pw@db:5432/x":      false, // the last '@' ends the userinfo
-		"postgres://u:Secret0pw@/x?host=/run/pg": false,
-		"redis+cluster://app:pw@h1:1,h2:2/":      false,
-		"host=db user=a@b password=Secret0pw":    false,
-		"redis://127.0.0.1:6379/0":               false,
+		"postgres:///:Secret0pw@db":               true, // pgx: database ":Secret0pw@db"
+		"redis://:123#Secret0pw@host/0":           true,
+		"postgresql:/billing:Secret0pw@db/x":      true,
+		"postgres://u:Secret0pw@db/x?a=b@c":       true,
+		"postgres://u:Sec@ret0pw@db:5432/x":       true, // pgx: host "ret0pw@db"
+		"postgres://u%40x:Sec%40ret0pw@db:5432/x": false,
+		"postgres://us@er:Secret0pw@db:5432/x":    true,
+		"redis://:s3cret@P4ss@127.0.0.1:6379/0":   true, // go-redis would split at the last '@'; pgx would not
+		"redis+cluster://app:p@w@h1:1,h2:2/":      true,
+		"postgres://u:Secret0pw@/x?host=/run/pg":  false,
+		"redis+cluster://app:pw@h1:1,h2:2/":       false,
+		"host=db user=a@b password=Secret0pw":     false,
+		"redis://127.0.0.1:6379/0":                false,
 	} {
 		if got := Misplaced(raw); got != want {
 			t.Errorf("Misplaced(%q) = %v, want %v", raw, got, want)

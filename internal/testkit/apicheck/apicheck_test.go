@@ -10,7 +10,7 @@ import (
 // The packages issue 14 makes public. Every other package of the module
 // outside internal/ that is not a command is checked too; these must be among them, so a
 // loader that silently found nothing fails.
-var wantPublic = []string{"consumer", "reaper", "audit", "alerts", "event", "clock", "stripeapi", "migrations"}
+var wantPublic = []string{"consumer", "reaper", "audit", "alerts", "event", "clock", "stripeapi", "migrations", "redisurl"}
 
 const module = "github.com/pelguard/pelguard"
 
