@@ -188,12 +188,32 @@ type UsageFinding struct {
 	// person must make when pelguard may not make it.
 	Resolution   string `json:"resolution,omitempty"`
 	ManualAction string `json:"manual_action,omitempty"`
+	// UnknownLow and UnknownHigh bound what the window's events of unknown
+	// outcome (and its corrections not confirmed) may add to the ledger's
+	// value at Stripe: Stripe's value differs only outside [LedgerValue +
+	// UnknownLow, LedgerValue + UnknownHigh]. Unknown names those events
+	// and what a person should check.
+	UnknownLow  int64  `json:"unknown_low,omitempty"`
+	UnknownHigh int64  `json:"unknown_high,omitempty"`
+	Unknown     string `json:"unknown,omitempty"`
 	// New marks, in a run's report, a finding that became open in it.
 	New bool `json:"new,omitempty"`
 }
 
-// Delta is Stripe's value less the ledger's: positive for usage_over.
-func (f UsageFinding) Delta() int64 { return f.StripeValue - f.LedgerValue }
+// Delta is the part of Stripe's value outside the ledger's interval
+// [LedgerValue + UnknownLow, LedgerValue + UnknownHigh]: positive for
+// usage_over, negative for usage_under, 0 inside. Only that part is ever
+// corrected: units that may be pelguard's own are never taken back, and
+// never sent again.
+func (f UsageFinding) Delta() int64 {
+	switch {
+	case f.StripeValue > f.LedgerValue+f.UnknownHigh:
+		return f.StripeValue - f.LedgerValue - f.UnknownHigh
+	case f.StripeValue < f.LedgerValue+f.UnknownLow:
+		return f.StripeValue - f.LedgerValue - f.UnknownLow
+	}
+	return 0
+}
 
 // UsageReport is what one reconciliation run did.
 type UsageReport struct {
@@ -373,8 +393,32 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 // stagedWindow is one window of the stage: the ledger's side.
 type stagedWindow struct {
 	start, end time.Time
-	value      int64
+	value      int64 // delivered
 	events     int64
+	// The events of unknown outcome: their negative and positive values,
+	// their number; the corrections not confirmed: their negative and
+	// positive units.
+	unknownLow, unknownHigh, unknownEvents int64
+	correctionLow, correctionHigh          int64
+	// lastDelivery: the latest delivery (or first attempt) of the window's
+	// events; lastCorrection: the latest correction sent or recorded (zero:
+	// none).
+	lastDelivery, lastCorrection time.Time
+}
+
+// interval is what Stripe may show for w without a difference: the
+// delivered total widened by what the events of unknown outcome and the
+// unconfirmed corrections may add (a count meter: one per unknown event).
+func (w stagedWindow) interval(measure string) (led, lo, hi int64) {
+	if measure == "count" {
+		return w.events, w.events + w.correctionLow, w.events + w.unknownEvents + w.correctionHigh
+	}
+	return w.value, w.value + w.unknownLow + w.correctionLow, w.value + w.unknownHigh + w.correctionHigh
+}
+
+// unknown reports whether w holds anything of unknown outcome.
+func (w stagedWindow) unknown() bool {
+	return w.unknownEvents > 0 || w.correctionLow != 0 || w.correctionHigh != 0
 }
 
 // customerResult is one (meter, customer) compared.
@@ -390,6 +434,10 @@ type customerResult struct {
 type windowDiff struct {
 	start, end     time.Time
 	ledger, stripe int64
+	// low and high bound the interval Stripe's value was compared with;
+	// unknownNote names what makes it wide.
+	low, high   int64
+	unknownNote string
 }
 
 // reconcileMeter compares one meter, a page of customers at a time, the
@@ -483,13 +531,18 @@ func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi
 				continue
 			}
 			seen[w.start] = true
-			led := w.value
-			if measure == "count" {
-				led = w.events
-			}
+			led, lo, hi := w.interval(measure)
 			r.windows++
-			if st := stripeBy[w.start]; st != led {
-				r.diffs = append(r.diffs, windowDiff{start: w.start, end: w.end, ledger: led, stripe: st})
+			if st := stripeBy[w.start]; st < lo || st > hi {
+				d := windowDiff{start: w.start, end: w.end, ledger: led, stripe: st, low: lo, high: hi}
+				if w.unknown() {
+					note, err := a.unknownNote(ctx, m.EventName, customer, w)
+					if err != nil {
+						return r, err
+					}
+					d.unknownNote = note
+				}
+				r.diffs = append(r.diffs, d)
 			}
 		}
 		for _, s := range sums {
