@@ -196,6 +196,9 @@ type UsageFinding struct {
 	UnknownLow  int64  `json:"unknown_low,omitempty"`
 	UnknownHigh int64  `json:"unknown_high,omitempty"`
 	Unknown     string `json:"unknown,omitempty"`
+	// Early: the window was compared before its delivery settled, as its
+	// invoice closes first; a person looks, nothing is corrected.
+	Early string `json:"early,omitempty"`
 	// New marks, in a run's report, a finding that became open in it.
 	New bool `json:"new,omitempty"`
 }
@@ -248,6 +251,19 @@ type UsageReport struct {
 	Duration    time.Duration     `json:"duration_ns"`
 
 	opened map[int64]bool // findings that became open in this run
+	// held: per meter and customer, the windows this run did not compare
+	// (their delivery has not settled): their findings are not acted on.
+	held map[string][][2]time.Time
+}
+
+// isHeld reports whether f's window overlaps one the run did not compare.
+func (r *UsageReport) isHeld(f UsageFinding) bool {
+	for _, h := range r.held[f.EventName+"\x00"+f.StripeCustomerID] {
+		if h[0].Before(f.WindowEnd) && h[1].After(f.WindowStart) {
+			return true
+		}
+	}
+	return false
 }
 
 // ErrUsageSpan: the run has no settled window to compare.
@@ -416,6 +432,21 @@ func (w stagedWindow) interval(measure string) (led, lo, hi int64) {
 	return w.value, w.value + w.unknownLow + w.correctionLow, w.value + w.unknownHigh + w.correctionHigh
 }
 
+// settlesAt is when w's summary at Stripe is expected to be whole: its
+// last delivery and its last correction older than the settle delay.
+// Stripe's summaries lag what it received, and a backlog or a re-drive
+// delivers events hours after their timestamps.
+func (w stagedWindow) settlesAt(delay time.Duration) time.Time {
+	return maxTime(w.lastDelivery, w.lastCorrection).Add(delay)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // unknown reports whether w holds anything of unknown outcome.
 func (w stagedWindow) unknown() bool {
 	return w.unknownEvents > 0 || w.correctionLow != 0 || w.correctionHigh != 0
@@ -425,7 +456,10 @@ func (w stagedWindow) unknown() bool {
 type customerResult struct {
 	customer string
 	// ranges compared, each [from, to)
-	ranges   [][2]time.Time
+	ranges [][2]time.Time
+	// held: windows of the ranges not compared (their delivery has not
+	// settled): their findings stay as they are.
+	held     [][2]time.Time
 	diffs    []windowDiff
 	windows  int64
 	requests int64
@@ -438,6 +472,9 @@ type windowDiff struct {
 	// unknownNote names what makes it wide.
 	low, high   int64
 	unknownNote string
+	// early says why the window was compared before its delivery settled
+	// (its invoice closes first): a person looks, nothing is corrected.
+	early string
 }
 
 // reconcileMeter compares one meter, a page of customers at a time, the
@@ -479,6 +516,12 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 			return err
 		}
 		for _, r := range results {
+			if len(r.held) > 0 {
+				if rep.held == nil {
+					rep.held = map[string][][2]time.Time{}
+				}
+				rep.held[m.EventName+"\x00"+r.customer] = r.held
+			}
 			rep.Customers++
 			rep.Requests += r.requests
 			rep.WindowsCompared += r.windows
@@ -500,6 +543,7 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 // compares every window with usage on either side.
 func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi.Meter, measure, customer string, ws []stagedWindow) (customerResult, error) {
 	r := customerResult{customer: customer}
+	now := a.cfg.Clock.Now().UTC()
 	type rng struct {
 		from, to time.Time
 		window   stripeapi.MeterWindow
@@ -531,10 +575,24 @@ func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi
 				continue
 			}
 			seen[w.start] = true
+			early := ""
+			if settles := w.settlesAt(a.cfg.Usage.SettleDelay); now.Before(settles) {
+				closes := a.cfg.Usage.InvoiceClosesAt(customer, w.start)
+				if closes.After(settles) {
+					// Stripe's summary may lag the delivery, not the
+					// window: wait until the delivery settled.
+					r.held = append(r.held, [2]time.Time{w.start, w.end})
+					continue
+				}
+				early = fmt.Sprintf("Compared before its deliveries settled (the last at %s; settled at %s): the invoice closes at %s. "+
+					"Stripe's summary may still be behind: check the meter's events at Stripe before acting; nothing is corrected automatically "+
+					"until the window settles.", maxTime(w.lastDelivery, w.lastCorrection).Format(time.RFC3339), settles.Format(time.RFC3339),
+					closes.Format(time.RFC3339))
+			}
 			led, lo, hi := w.interval(measure)
 			r.windows++
 			if st := stripeBy[w.start]; st < lo || st > hi {
-				d := windowDiff{start: w.start, end: w.end, ledger: led, stripe: st, low: lo, high: hi}
+				d := windowDiff{start: w.start, end: w.end, ledger: led, stripe: st, low: lo, high: hi, early: early}
 				if w.unknown() {
 					note, err := a.unknownNote(ctx, m.EventName, customer, w)
 					if err != nil {

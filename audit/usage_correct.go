@@ -74,6 +74,9 @@ type UsageCorrection struct {
 type correctionPlan struct {
 	c      UsageCorrection
 	manual string
+	// notFinal: the manual action may change on a later run (the window
+	// was compared before it settled).
+	notFinal bool
 }
 
 const correctionCols = `finding_id, kind, identifier, event_name, stripe_customer_id, window_start, window_end,
@@ -118,13 +121,23 @@ func (a *Auditor) plan(ctx context.Context, f UsageFinding, now time.Time) (corr
 	}
 	where := fmt.Sprintf("meter %s, customer %s, window %s–%s", f.EventName, f.StripeCustomerID,
 		f.WindowStart.Format(time.RFC3339), f.WindowEnd.Format(time.RFC3339))
+
+	early := ""
+	if f.Early != "" {
+		early = " " + f.Early
+	}
 	if closes := u.InvoiceClosesAt(f.StripeCustomerID, f.WindowStart); !now.Before(closes) {
 		if delta > 0 {
 			return correctionPlan{manual: fmt.Sprintf("credit the customer %d %s (%s): Stripe billed them over what pelguard delivered; "+
-				"the invoice was finalized at %s, so no meter event can change it", delta, units, where, closes.Format(time.RFC3339))}, nil
+				"the invoice was finalized at %s, so no meter event can change it%s", delta, units, where, closes.Format(time.RFC3339), early),
+				notFinal: early != ""}, nil
 		}
-		return correctionPlan{manual: fmt.Sprintf("invoice %d %s by hand (%s): Stripe did not count them; the invoice was finalized at %s",
-			-delta, units, where, closes.Format(time.RFC3339))}, nil
+		return correctionPlan{manual: fmt.Sprintf("invoice %d %s by hand (%s): Stripe did not count them; the invoice was finalized at %s%s",
+			-delta, units, where, closes.Format(time.RFC3339), early), notFinal: early != ""}, nil
+	}
+	if f.Early != "" {
+		return correctionPlan{manual: fmt.Sprintf("Stripe counts %d %s %s than pelguard sent (%s).%s", abs(delta), units,
+			map[bool]string{true: "more", false: "fewer"}[delta > 0], where, early), notFinal: true}, nil
 	}
 	c := UsageCorrection{FindingID: f.ID, EventName: f.EventName, StripeCustomerID: f.StripeCustomerID,
 		WindowStart: f.WindowStart, WindowEnd: f.WindowEnd, EventTS: f.WindowStart, Status: "recorded"}
@@ -188,6 +201,9 @@ func (a *Auditor) nameManualCorrections(ctx context.Context, rep *UsageReport) e
 		return err
 	}
 	for _, f := range fs {
+		if rep.isHeld(f) {
+			continue
+		}
 		p, err := a.plan(ctx, f, now)
 		if err != nil {
 			return err
@@ -196,7 +212,7 @@ func (a *Auditor) nameManualCorrections(ctx context.Context, rep *UsageReport) e
 		if text == "" {
 			text = describeCorrection(p.c) + " (what --usage-auto-correct would do now)"
 		}
-		if err := a.store.setManualAction(ctx, f.ID, text, p.manual != ""); err != nil {
+		if err := a.store.setManualAction(ctx, f.ID, text, p.manual != "" && !p.notFinal); err != nil {
 			return err
 		}
 	}
@@ -246,12 +262,15 @@ func (a *Auditor) correctUsage(ctx context.Context, rep *UsageReport) error {
 		return err
 	}
 	for _, f := range fs {
+		if rep.isHeld(f) {
+			continue // its delivery has not settled: decided once it has
+		}
 		p, err := a.plan(ctx, f, now)
 		if err != nil {
 			return err
 		}
 		if p.manual != "" {
-			if err := a.store.setManualAction(ctx, f.ID, p.manual, true); err != nil {
+			if err := a.store.setManualAction(ctx, f.ID, p.manual, !p.notFinal); err != nil {
 				return err
 			}
 			continue

@@ -141,10 +141,14 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 	var dc, dkind, rc []string
 	var dws, dwe, rf, rt []time.Time
 	var dled, dst, dlo, dhi []int64
-	var dnote []string
+	var dnote, dearly, hc []string
+	var hws, hwe []time.Time
 	for _, r := range results {
 		for _, x := range r.ranges {
 			rc, rf, rt = append(rc, r.customer), append(rf, x[0]), append(rt, x[1])
+		}
+		for _, x := range r.held {
+			hc, hws, hwe = append(hc, r.customer), append(hws, x[0]), append(hwe, x[1])
 		}
 		for _, d := range r.diffs {
 			kind := UsageOver
@@ -154,6 +158,7 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 			dc, dws, dwe, dkind = append(dc, r.customer), append(dws, d.start), append(dwe, d.end), append(dkind, string(kind))
 			dled, dst = append(dled, d.ledger), append(dst, d.stripe)
 			dlo, dhi, dnote = append(dlo, d.low-d.ledger), append(dhi, d.high-d.ledger), append(dnote, d.unknownNote)
+			dearly = append(dearly, d.early)
 		}
 	}
 	tx, err := s.pool.Begin(ctx)
@@ -163,11 +168,11 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if len(dc) > 0 {
 		_, err := tx.Exec(ctx, `INSERT INTO {schema}.usage_findings AS f (event_name, meter_id, stripe_customer_id, window_start,
-				window_end, kind, measure, ledger_value, stripe_value, unknown_low, unknown_high, unknown_note,
+				window_end, kind, measure, ledger_value, stripe_value, unknown_low, unknown_high, unknown_note, early_note,
 				first_seen_run_id, last_seen_run_id, created_at, updated_at)
-			SELECT $1, $2, c, ws, we, kind, $3, lv, sv, lo, hi, nullif(note, ''), $4, $4, $5, $5
+			SELECT $1, $2, c, ws, we, kind, $3, lv, sv, lo, hi, nullif(note, ''), nullif(early, ''), $4, $4, $5, $5
 			FROM unnest($6::text[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::bigint[], $11::bigint[],
-				$12::bigint[], $13::bigint[], $14::text[]) AS t(c, ws, we, kind, lv, sv, lo, hi, note)
+				$12::bigint[], $13::bigint[], $14::text[], $15::text[]) AS t(c, ws, we, kind, lv, sv, lo, hi, note, early)
 			ON CONFLICT (event_name, stripe_customer_id, window_start, window_end) DO UPDATE SET
 				checks = CASE WHEN f.state <> 'resolved' AND f.ledger_value = excluded.ledger_value
 					AND f.stripe_value = excluded.stripe_value AND f.unknown_low = excluded.unknown_low
@@ -175,13 +180,19 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 				kind = excluded.kind, meter_id = excluded.meter_id, measure = excluded.measure,
 				ledger_value = excluded.ledger_value, stripe_value = excluded.stripe_value,
 				unknown_low = excluded.unknown_low, unknown_high = excluded.unknown_high, unknown_note = excluded.unknown_note,
+				early_note = excluded.early_note,
+				-- One finding is one difference: another kind or amount is
+				-- decided again (its correction, its manual action).
+				manual_action = CASE WHEN f.kind = excluded.kind AND f.ledger_value = excluded.ledger_value
+					AND f.stripe_value = excluded.stripe_value AND f.unknown_low = excluded.unknown_low
+					AND f.unknown_high = excluded.unknown_high AND f.state <> 'resolved' THEN f.manual_action END,
 				state = CASE WHEN f.state = 'resolved' THEN 'suspect' ELSE f.state END,
 				opened_at = CASE WHEN f.state = 'resolved' THEN NULL ELSE f.opened_at END,
 				resolved_at = CASE WHEN f.state = 'resolved' THEN NULL ELSE f.resolved_at END,
 				resolution = CASE WHEN f.state = 'resolved' THEN NULL ELSE f.resolution END,
 				last_seen_run_id = excluded.last_seen_run_id, updated_at = excluded.updated_at
 			WHERE f.state <> 'dismissed'`,
-			m.EventName, m.ID, measure, run, now, dc, dws, dwe, dkind, dled, dst, dlo, dhi, dnote)
+			m.EventName, m.ID, measure, run, now, dc, dws, dwe, dkind, dled, dst, dlo, dhi, dnote, dearly)
 		if err != nil {
 			return o, fmt.Errorf("storing %d usage differences of %s: %w", len(dc), m.EventName, err)
 		}
@@ -212,15 +223,19 @@ func (s *Store) observeUsage(ctx context.Context, run int64, m stripeapi.Meter, 
 					ON f.stripe_customer_id = r.c AND f.window_start >= r.rf AND f.window_end <= r.rt
 				WHERE f.event_name = $1 AND f.state IN ('suspect', 'open')
 					AND NOT EXISTS (SELECT 1 FROM d WHERE d.c = f.stripe_customer_id AND d.ws = f.window_start AND d.we = f.window_end)
+					-- A window whose delivery has not settled was not compared.
+					AND NOT EXISTS (SELECT 1 FROM unnest($10::text[], $11::timestamptz[], $12::timestamptz[]) AS h(c, ws, we)
+						WHERE h.c = f.stripe_customer_id AND h.ws < f.window_end AND h.we > f.window_start)
 			)
 			UPDATE {schema}.usage_findings f SET state = 'resolved', resolved_at = $3, updated_at = $3, last_seen_run_id = $2,
+				manual_action = NULL, -- a resolved finding shows its resolution, not its old advice
 				resolution = CASE WHEN x.superseded THEN 'superseded by the finding of its day'
 					WHEN x.corrected THEN 'totals agree after the correction'
 					WHEN f.opened_at IS NULL THEN 'totals agreed before the difference was stable'
 					ELSE 'totals agree' END
 			FROM x WHERE f.id = x.id AND NOT (x.superseded AND x.corrected)
 			RETURNING `+usageFindingCols("f"),
-			m.EventName, run, now, dc, dws, dwe, rc, rf, rt)
+			m.EventName, run, now, dc, dws, dwe, rc, rf, rt, hc, hws, hwe)
 		if err != nil {
 			return o, fmt.Errorf("resolving usage findings of %s: %w", m.EventName, err)
 		}
@@ -244,14 +259,14 @@ func usageFindingCols(a string) string {
 	return a + `.id, ` + a + `.kind, ` + a + `.state, ` + a + `.event_name, ` + a + `.meter_id, ` + a + `.stripe_customer_id, ` +
 		a + `.window_start, ` + a + `.window_end, ` + a + `.measure, ` + a + `.ledger_value::bigint, ` + a + `.stripe_value::bigint, ` +
 		a + `.checks, coalesce(` + a + `.resolution, ''), coalesce(` + a + `.manual_action, ''), ` +
-		a + `.unknown_low::bigint, ` + a + `.unknown_high::bigint, coalesce(` + a + `.unknown_note, '')`
+		a + `.unknown_low::bigint, ` + a + `.unknown_high::bigint, coalesce(` + a + `.unknown_note, ''), coalesce(` + a + `.early_note, '')`
 }
 
 func scanUsageFinding(row pgx.CollectableRow) (UsageFinding, error) {
 	var f UsageFinding
 	var kind string
 	err := row.Scan(&f.ID, &kind, &f.State, &f.EventName, &f.MeterID, &f.StripeCustomerID, &f.WindowStart, &f.WindowEnd,
-		&f.Measure, &f.LedgerValue, &f.StripeValue, &f.Checks, &f.Resolution, &f.ManualAction, &f.UnknownLow, &f.UnknownHigh, &f.Unknown)
+		&f.Measure, &f.LedgerValue, &f.StripeValue, &f.Checks, &f.Resolution, &f.ManualAction, &f.UnknownLow, &f.UnknownHigh, &f.Unknown, &f.Early)
 	f.Kind, f.WindowStart, f.WindowEnd = UsageKind(kind), f.WindowStart.UTC(), f.WindowEnd.UTC()
 	f.ManualAction = manualText(f.ManualAction)
 	return f, err
