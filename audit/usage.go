@@ -55,6 +55,9 @@ const (
 	// grace period (documented: one hour, during which usage of the ended
 	// period is still taken).
 	DefaultUsageInvoiceGrace = time.Hour
+	// DefaultUsageMaxWindowCorrections: corrections one window may get over
+	// its life (a window that keeps drifting is a person's to look at).
+	DefaultUsageMaxWindowCorrections = 3
 	// DefaultUsageMaxResendEvents bounds the events of one window an
 	// under-count correction sends again.
 	DefaultUsageMaxResendEvents = 1000
@@ -88,6 +91,11 @@ type UsageConfig struct {
 	MaxCorrections    int
 	MaxUnits          int64
 	MaxCorrections24h int
+	// MaxWindowCorrections: corrections one window may get over its life
+	// (default DefaultUsageMaxWindowCorrections); a window that drifts
+	// again after them is named for a person. A window's next correction
+	// is decided only once its last was sent more than SettleDelay ago.
+	MaxWindowCorrections int
 	// SafeWindow is how long after an event's first attempt Stripe still
 	// refuses its identifier again (default meterledger's 23 h): an
 	// under-count is re-sent under the events' own identifiers only within
@@ -117,6 +125,7 @@ func (u UsageConfig) withDefaults() UsageConfig {
 	u.MaxCorrections = cmp.Or(u.MaxCorrections, DefaultUsageMaxCorrections)
 	u.MaxUnits = cmp.Or(u.MaxUnits, DefaultUsageMaxUnits)
 	u.MaxCorrections24h = cmp.Or(u.MaxCorrections24h, DefaultUsageMaxCorrections24h)
+	u.MaxWindowCorrections = cmp.Or(u.MaxWindowCorrections, DefaultUsageMaxWindowCorrections)
 	u.SafeWindow = cmp.Or(u.SafeWindow, meterledger.DefaultSafeWindow)
 	u.InvoiceGrace = cmp.Or(u.InvoiceGrace, DefaultUsageInvoiceGrace)
 	u.MaxResendEvents = cmp.Or(u.MaxResendEvents, DefaultUsageMaxResendEvents)
@@ -147,8 +156,8 @@ func (u UsageConfig) Validate() error {
 	if u.SettleDelay >= 24*time.Hour {
 		errs = append(errs, fmt.Errorf("Usage.SettleDelay (--usage-settle-delay) must be below 24h, got %s", u.SettleDelay))
 	}
-	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 {
-		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h and MaxResendEvents must not be negative (0 takes the default)"))
+	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 || u.MaxWindowCorrections < 0 {
+		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h, MaxWindowCorrections and MaxResendEvents must not be negative (0 takes the default)"))
 	}
 	if u.SafeWindow < 0 || u.SafeWindow >= stripeapi.MeterIdentifierWindow {
 		errs = append(errs, fmt.Errorf("Usage.SafeWindow must be below Stripe's identifier window (%s), got %s", stripeapi.MeterIdentifierWindow, u.SafeWindow))
