@@ -14,7 +14,9 @@ func MeterEventParked(eventName, stripeCustomerID, identifier string, value int6
 		Kind:  KindMeterEventParked,
 		Title: "Meter event parked: not re-sent",
 		Text: fmt.Sprintf("The meter event %s of %s (value %d) for meter %s is not sent again: %s\n"+
-			"Check the customer's meter at Stripe; the event is in the dead-letter stream (reason `meter_event_parked`).",
+			"Do not send it again by hand: Stripe may already count it. Look it up by identifier among the customer's meter events at Stripe, "+
+			"then record what you found with `pelguard-consumer meter-settle --identifier ID --event-ts TS --counted|--not-counted --reason WHY`; "+
+			"the event is in the dead-letter stream (reason `meter_event_parked`).",
 			code(identifier), code(stripeCustomerID), value, code(eventName), Escape(reason)),
 		Fingerprint: "meter_event_parked:" + identifier,
 	}

@@ -55,6 +55,9 @@ const (
 	// grace period (documented: one hour, during which usage of the ended
 	// period is still taken).
 	DefaultUsageInvoiceGrace = time.Hour
+	// DefaultUsageMaxWindowCorrections: corrections one window may get over
+	// its life (a window that keeps drifting is a person's to look at).
+	DefaultUsageMaxWindowCorrections = 3
 	// DefaultUsageMaxResendEvents bounds the events of one window an
 	// under-count correction sends again.
 	DefaultUsageMaxResendEvents = 1000
@@ -88,6 +91,11 @@ type UsageConfig struct {
 	MaxCorrections    int
 	MaxUnits          int64
 	MaxCorrections24h int
+	// MaxWindowCorrections: corrections one window may get over its life
+	// (default DefaultUsageMaxWindowCorrections); a window that drifts
+	// again after them is named for a person. A window's next correction
+	// is decided only once its last was sent more than SettleDelay ago.
+	MaxWindowCorrections int
 	// SafeWindow is how long after an event's first attempt Stripe still
 	// refuses its identifier again (default meterledger's 23 h): an
 	// under-count is re-sent under the events' own identifiers only within
@@ -117,6 +125,7 @@ func (u UsageConfig) withDefaults() UsageConfig {
 	u.MaxCorrections = cmp.Or(u.MaxCorrections, DefaultUsageMaxCorrections)
 	u.MaxUnits = cmp.Or(u.MaxUnits, DefaultUsageMaxUnits)
 	u.MaxCorrections24h = cmp.Or(u.MaxCorrections24h, DefaultUsageMaxCorrections24h)
+	u.MaxWindowCorrections = cmp.Or(u.MaxWindowCorrections, DefaultUsageMaxWindowCorrections)
 	u.SafeWindow = cmp.Or(u.SafeWindow, meterledger.DefaultSafeWindow)
 	u.InvoiceGrace = cmp.Or(u.InvoiceGrace, DefaultUsageInvoiceGrace)
 	u.MaxResendEvents = cmp.Or(u.MaxResendEvents, DefaultUsageMaxResendEvents)
@@ -147,8 +156,8 @@ func (u UsageConfig) Validate() error {
 	if u.SettleDelay >= 24*time.Hour {
 		errs = append(errs, fmt.Errorf("Usage.SettleDelay (--usage-settle-delay) must be below 24h, got %s", u.SettleDelay))
 	}
-	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 {
-		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h and MaxResendEvents must not be negative (0 takes the default)"))
+	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 || u.MaxWindowCorrections < 0 {
+		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h, MaxWindowCorrections and MaxResendEvents must not be negative (0 takes the default)"))
 	}
 	if u.SafeWindow < 0 || u.SafeWindow >= stripeapi.MeterIdentifierWindow {
 		errs = append(errs, fmt.Errorf("Usage.SafeWindow must be below Stripe's identifier window (%s), got %s", stripeapi.MeterIdentifierWindow, u.SafeWindow))
@@ -188,12 +197,35 @@ type UsageFinding struct {
 	// person must make when pelguard may not make it.
 	Resolution   string `json:"resolution,omitempty"`
 	ManualAction string `json:"manual_action,omitempty"`
+	// UnknownLow and UnknownHigh bound what the window's events of unknown
+	// outcome (and its corrections not confirmed) may add to the ledger's
+	// value at Stripe: Stripe's value differs only outside [LedgerValue +
+	// UnknownLow, LedgerValue + UnknownHigh]. Unknown names those events
+	// and what a person should check.
+	UnknownLow  int64  `json:"unknown_low,omitempty"`
+	UnknownHigh int64  `json:"unknown_high,omitempty"`
+	Unknown     string `json:"unknown,omitempty"`
+	// Early: the window was compared before its delivery settled, as its
+	// invoice closes first; a person looks, nothing is corrected.
+	Early string `json:"early,omitempty"`
 	// New marks, in a run's report, a finding that became open in it.
 	New bool `json:"new,omitempty"`
 }
 
-// Delta is Stripe's value less the ledger's: positive for usage_over.
-func (f UsageFinding) Delta() int64 { return f.StripeValue - f.LedgerValue }
+// Delta is the part of Stripe's value outside the ledger's interval
+// [LedgerValue + UnknownLow, LedgerValue + UnknownHigh]: positive for
+// usage_over, negative for usage_under, 0 inside. Only that part is ever
+// corrected: units that may be pelguard's own are never taken back, and
+// never sent again.
+func (f UsageFinding) Delta() int64 {
+	switch {
+	case f.StripeValue > f.LedgerValue+f.UnknownHigh:
+		return f.StripeValue - f.LedgerValue - f.UnknownHigh
+	case f.StripeValue < f.LedgerValue+f.UnknownLow:
+		return f.StripeValue - f.LedgerValue - f.UnknownLow
+	}
+	return 0
+}
 
 // UsageReport is what one reconciliation run did.
 type UsageReport struct {
@@ -228,6 +260,19 @@ type UsageReport struct {
 	Duration    time.Duration     `json:"duration_ns"`
 
 	opened map[int64]bool // findings that became open in this run
+	// held: per meter and customer, the windows this run did not compare
+	// (their delivery has not settled): their findings are not acted on.
+	held map[string][][2]time.Time
+}
+
+// isHeld reports whether f's window overlaps one the run did not compare.
+func (r *UsageReport) isHeld(f UsageFinding) bool {
+	for _, h := range r.held[f.EventName+"\x00"+f.StripeCustomerID] {
+		if h[0].Before(f.WindowEnd) && h[1].After(f.WindowStart) {
+			return true
+		}
+	}
+	return false
 }
 
 // ErrUsageSpan: the run has no settled window to compare.
@@ -377,15 +422,57 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 // stagedWindow is one window of the stage: the ledger's side.
 type stagedWindow struct {
 	start, end time.Time
-	value      int64
+	value      int64 // delivered
 	events     int64
+	// The events of unknown outcome: their negative and positive values,
+	// their number; the corrections not confirmed: their negative and
+	// positive units.
+	unknownLow, unknownHigh, unknownEvents int64
+	correctionLow, correctionHigh          int64
+	// lastDelivery: the latest delivery (or first attempt) of the window's
+	// events; lastCorrection: the latest correction sent or recorded (zero:
+	// none).
+	lastDelivery, lastCorrection time.Time
+}
+
+// interval is what Stripe may show for w without a difference: the
+// delivered total widened by what the events of unknown outcome and the
+// unconfirmed corrections may add (a count meter: one per unknown event).
+func (w stagedWindow) interval(measure string) (led, lo, hi int64) {
+	if measure == "count" {
+		return w.events, w.events + w.correctionLow, w.events + w.unknownEvents + w.correctionHigh
+	}
+	return w.value, w.value + w.unknownLow + w.correctionLow, w.value + w.unknownHigh + w.correctionHigh
+}
+
+// settlesAt is when w's summary at Stripe is expected to be whole: its
+// last delivery and its last correction older than the settle delay.
+// Stripe's summaries lag what it received, and a backlog or a re-drive
+// delivers events hours after their timestamps.
+func (w stagedWindow) settlesAt(delay time.Duration) time.Time {
+	return maxTime(w.lastDelivery, w.lastCorrection).Add(delay)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// unknown reports whether w holds anything of unknown outcome.
+func (w stagedWindow) unknown() bool {
+	return w.unknownEvents > 0 || w.correctionLow != 0 || w.correctionHigh != 0
 }
 
 // customerResult is one (meter, customer) compared.
 type customerResult struct {
 	customer string
 	// ranges compared, each [from, to)
-	ranges   [][2]time.Time
+	ranges [][2]time.Time
+	// held: windows of the ranges not compared (their delivery has not
+	// settled): their findings stay as they are.
+	held     [][2]time.Time
 	diffs    []windowDiff
 	windows  int64
 	requests int64
@@ -394,6 +481,13 @@ type customerResult struct {
 type windowDiff struct {
 	start, end     time.Time
 	ledger, stripe int64
+	// low and high bound the interval Stripe's value was compared with;
+	// unknownNote names what makes it wide.
+	low, high   int64
+	unknownNote string
+	// early says why the window was compared before its delivery settled
+	// (its invoice closes first): a person looks, nothing is corrected.
+	early string
 }
 
 // reconcileMeter compares one meter, a page of customers at a time, the
@@ -435,6 +529,12 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 			return err
 		}
 		for _, r := range results {
+			if len(r.held) > 0 {
+				if rep.held == nil {
+					rep.held = map[string][][2]time.Time{}
+				}
+				rep.held[m.EventName+"\x00"+r.customer] = r.held
+			}
 			rep.Customers++
 			rep.Requests += r.requests
 			rep.WindowsCompared += r.windows
@@ -456,6 +556,7 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 // compares every window with usage on either side.
 func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi.Meter, measure, customer string, ws []stagedWindow) (customerResult, error) {
 	r := customerResult{customer: customer}
+	now := a.cfg.Clock.Now().UTC()
 	type rng struct {
 		from, to time.Time
 		window   stripeapi.MeterWindow
@@ -487,13 +588,32 @@ func (a *Auditor) compareCustomer(ctx context.Context, sp usageSpan, m stripeapi
 				continue
 			}
 			seen[w.start] = true
-			led := w.value
-			if measure == "count" {
-				led = w.events
+			early := ""
+			if settles := w.settlesAt(a.cfg.Usage.SettleDelay); now.Before(settles) {
+				closes := a.cfg.Usage.InvoiceClosesAt(customer, w.start)
+				if closes.After(settles) {
+					// Stripe's summary may lag the delivery, not the
+					// window: wait until the delivery settled.
+					r.held = append(r.held, [2]time.Time{w.start, w.end})
+					continue
+				}
+				early = fmt.Sprintf("Compared before its deliveries settled (the last at %s; settled at %s): the invoice closes at %s. "+
+					"Stripe's summary may still be behind: check the meter's events at Stripe before acting; nothing is corrected automatically "+
+					"until the window settles.", maxTime(w.lastDelivery, w.lastCorrection).Format(time.RFC3339), settles.Format(time.RFC3339),
+					closes.Format(time.RFC3339))
 			}
+			led, lo, hi := w.interval(measure)
 			r.windows++
-			if st := stripeBy[w.start]; st != led {
-				r.diffs = append(r.diffs, windowDiff{start: w.start, end: w.end, ledger: led, stripe: st})
+			if st := stripeBy[w.start]; st < lo || st > hi {
+				d := windowDiff{start: w.start, end: w.end, ledger: led, stripe: st, low: lo, high: hi, early: early}
+				if w.unknown() {
+					note, err := a.unknownNote(ctx, m.EventName, customer, w)
+					if err != nil {
+						return r, err
+					}
+					d.unknownNote = note
+				}
+				r.diffs = append(r.diffs, d)
 			}
 		}
 		for _, s := range sums {

@@ -67,6 +67,12 @@ type UsageCorrection struct {
 	EventsSent  int       `json:"events_sent,omitempty"`
 	LastError   string    `json:"last_error,omitempty"`
 	Skipped     string    `json:"skipped,omitempty"`
+	// Seq numbers the window's corrections (1, 2, …): the identifier is
+	// derived from (window, Seq). Attempts counts the calls made for it.
+	Seq      int `json:"seq"`
+	Attempts int `json:"attempts,omitempty"`
+
+	decidedOn [2]int64 // the finding's Stripe and ledger values it was decided on
 }
 
 // correctionPlan is what a finding calls for: a correction, or a manual
@@ -74,15 +80,18 @@ type UsageCorrection struct {
 type correctionPlan struct {
 	c      UsageCorrection
 	manual string
+	// notFinal: the manual action may change on a later run (the window
+	// was compared before it settled).
+	notFinal bool
 }
 
 const correctionCols = `finding_id, kind, identifier, event_name, stripe_customer_id, window_start, window_end,
-	units::bigint, event_ts, status, resend_until, events_sent, coalesce(last_error, '')`
+	units::bigint, event_ts, status, resend_until, events_sent, coalesce(last_error, ''), seq, attempts`
 
 func scanCorrection(row pgx.CollectableRow) (UsageCorrection, error) {
 	var c UsageCorrection
 	err := row.Scan(&c.FindingID, &c.Kind, &c.Identifier, &c.EventName, &c.StripeCustomerID, &c.WindowStart, &c.WindowEnd,
-		&c.Units, &c.EventTS, &c.Status, &c.ResendUntil, &c.EventsSent, &c.LastError)
+		&c.Units, &c.EventTS, &c.Status, &c.ResendUntil, &c.EventsSent, &c.LastError, &c.Seq, &c.Attempts)
 	c.WindowStart, c.WindowEnd, c.EventTS, c.ResendUntil = c.WindowStart.UTC(), c.WindowEnd.UTC(), c.EventTS.UTC(), c.ResendUntil.UTC()
 	return c, err
 }
@@ -101,15 +110,21 @@ func (s *Store) UsageCorrections(ctx context.Context, limit int) ([]UsageCorrect
 	return out, nil
 }
 
-// correctionIdentifier names the correction of one window: the same window
-// never gets two (usage_corrections.identifier is unique).
-func correctionIdentifier(prefix string, f UsageFinding) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%d\x00%d", f.EventName, f.StripeCustomerID, f.WindowStart.Unix(), f.WindowEnd.Unix())))
+// correctionIdentifier names correction seq of one window: never the same
+// identifier twice (usage_corrections.identifier is unique; Stripe would
+// refuse a repeated one as a duplicate for 24 h). The first keeps the form
+// of the time when a window had one correction.
+func correctionIdentifier(prefix string, f UsageFinding, seq int) string {
+	key := fmt.Sprintf("%s\x00%s\x00%d\x00%d", f.EventName, f.StripeCustomerID, f.WindowStart.Unix(), f.WindowEnd.Unix())
+	if seq > 1 {
+		key += fmt.Sprintf("\x00%d", seq)
+	}
+	h := sha256.Sum256([]byte(key))
 	return prefix + hex.EncodeToString(h[:20])
 }
 
-// plan decides what f calls for at now.
-func (a *Auditor) plan(ctx context.Context, f UsageFinding, now time.Time) (correctionPlan, error) {
+// plan decides what f calls for at now, as the window's correction seq.
+func (a *Auditor) plan(ctx context.Context, f UsageFinding, seq int, now time.Time) (correctionPlan, error) {
 	u := a.cfg.Usage
 	delta := f.Delta()
 	units := "units"
@@ -118,41 +133,44 @@ func (a *Auditor) plan(ctx context.Context, f UsageFinding, now time.Time) (corr
 	}
 	where := fmt.Sprintf("meter %s, customer %s, window %s–%s", f.EventName, f.StripeCustomerID,
 		f.WindowStart.Format(time.RFC3339), f.WindowEnd.Format(time.RFC3339))
+
+	early := ""
+	if f.Early != "" {
+		early = " " + f.Early
+	}
 	if closes := u.InvoiceClosesAt(f.StripeCustomerID, f.WindowStart); !now.Before(closes) {
 		if delta > 0 {
 			return correctionPlan{manual: fmt.Sprintf("credit the customer %d %s (%s): Stripe billed them over what pelguard delivered; "+
-				"the invoice was finalized at %s, so no meter event can change it", delta, units, where, closes.Format(time.RFC3339))}, nil
+				"the invoice was finalized at %s, so no meter event can change it%s", delta, units, where, closes.Format(time.RFC3339), early),
+				notFinal: early != ""}, nil
 		}
-		return correctionPlan{manual: fmt.Sprintf("invoice %d %s by hand (%s): Stripe did not count them; the invoice was finalized at %s",
-			-delta, units, where, closes.Format(time.RFC3339))}, nil
+		return correctionPlan{manual: fmt.Sprintf("invoice %d %s by hand (%s): Stripe did not count them; the invoice was finalized at %s%s",
+			-delta, units, where, closes.Format(time.RFC3339), early), notFinal: early != ""}, nil
+	}
+	if f.Early != "" {
+		return correctionPlan{manual: fmt.Sprintf("Stripe counts %d %s %s than pelguard sent (%s).%s", abs(delta), units,
+			map[bool]string{true: "more", false: "fewer"}[delta > 0], where, early), notFinal: true}, nil
+	}
+	if seq > u.MaxWindowCorrections {
+		return correctionPlan{manual: fmt.Sprintf("Stripe counts %d %s %s than pelguard sent (%s), after %d corrections of this window "+
+			"(--usage-max-window-corrections): something keeps changing it; find the other sender, then correct by hand",
+			abs(delta), units, map[bool]string{true: "more", false: "fewer"}[delta > 0], where, seq-1)}, nil
 	}
 	c := UsageCorrection{FindingID: f.ID, EventName: f.EventName, StripeCustomerID: f.StripeCustomerID,
-		WindowStart: f.WindowStart, WindowEnd: f.WindowEnd, EventTS: f.WindowStart, Status: "recorded"}
+		WindowStart: f.WindowStart, WindowEnd: f.WindowEnd, EventTS: f.WindowStart, Status: "recorded", Seq: seq,
+		decidedOn: [2]int64{f.StripeValue, f.LedgerValue}}
 	if delta > 0 {
 		if f.Measure == "count" {
 			return correctionPlan{manual: fmt.Sprintf("Stripe counts %d events more than pelguard delivered (%s); a count meter is not "+
 				"lowered by an event of the opposite sign and the extra events are not pelguard's: their sender may cancel them "+
 				"within 24 h of sending, else credit %d events", delta, where, delta)}, nil
 		}
-		// Parked or sending events of the window may be what Stripe counts
-		// over (a repair after a ledger rollback parks events Stripe may
-		// have): a negative event could take back pelguard's own usage.
-		n, held, err := a.meters.Undecided(ctx, f.EventName, f.StripeCustomerID, f.WindowStart, f.WindowEnd)
-		if err != nil {
-			return correctionPlan{}, err
-		}
-		if n > 0 {
-			return correctionPlan{manual: fmt.Sprintf("Stripe counts %d %s more than pelguard delivered (%s), and the ledger holds %d "+
-				"events there of unknown outcome (parked or sending, %d units) that Stripe may have counted: not corrected automatically. "+
-				"Decide each parked event (pelguard-consumer replay if Stripe lacks it), then credit what remains over",
-				delta, units, where, n, held)}, nil
-		}
 		// Stripe takes timestamps up to 35 days old: keep 10 minutes for
 		// the time until the call.
 		if err := stripeapi.CheckMeterTimestamp(c.EventTS, now.Add(10*time.Minute)); err != nil {
 			return correctionPlan{manual: fmt.Sprintf("credit the customer %d %s (%s): the window is too old for a meter event", delta, units, where)}, nil
 		}
-		c.Kind, c.Identifier, c.Units = CorrectionNegativeEvent, correctionIdentifier("pgc_", f), -delta
+		c.Kind, c.Identifier, c.Units = CorrectionNegativeEvent, correctionIdentifier("pgc_", f, seq), -delta
 		c.ResendUntil = now.Add(u.SafeWindow)
 		return correctionPlan{c: c}, nil
 	}
@@ -180,7 +198,7 @@ func (a *Auditor) plan(ctx context.Context, f UsageFinding, now time.Time) (corr
 			"an event the lagging summary had not shown yet: after checking the meter at Stripe, send the missing usage as one meter event " +
 			"(a new identifier), or invoice it by hand."}, nil
 	}
-	c.Kind, c.Identifier, c.Units = CorrectionResend, correctionIdentifier("pgr_", f), -delta
+	c.Kind, c.Identifier, c.Units = CorrectionResend, correctionIdentifier("pgr_", f, seq), -delta
 	return correctionPlan{c: c}, nil
 }
 
@@ -196,12 +214,16 @@ func minTime(a, b time.Time) time.Time {
 // correction.
 func (a *Auditor) nameManualCorrections(ctx context.Context, rep *UsageReport) error {
 	now := a.cfg.Clock.Now().UTC()
-	fs, err := a.store.uncorrectedUsage(ctx)
+	fs, err := a.store.uncorrectedUsage(ctx, now.Add(-a.cfg.Usage.SettleDelay))
 	if err != nil {
 		return err
 	}
-	for _, f := range fs {
-		p, err := a.plan(ctx, f, now)
+	for _, x := range fs {
+		f := x.UsageFinding
+		if rep.isHeld(f) {
+			continue
+		}
+		p, err := a.plan(ctx, f, x.seq, now)
 		if err != nil {
 			return err
 		}
@@ -209,7 +231,7 @@ func (a *Auditor) nameManualCorrections(ctx context.Context, rep *UsageReport) e
 		if text == "" {
 			text = describeCorrection(p.c) + " (what --usage-auto-correct would do now)"
 		}
-		if err := a.store.setManualAction(ctx, f.ID, text, p.manual != ""); err != nil {
+		if err := a.store.setManualAction(ctx, f.ID, text, p.manual != "" && !p.notFinal); err != nil {
 			return err
 		}
 	}
@@ -249,7 +271,7 @@ func (a *Auditor) correctUsage(ctx context.Context, rep *UsageReport) error {
 		}
 		rep.Corrections = append(rep.Corrections, a.carryOut(ctx, c, now))
 	}
-	fs, err := a.store.uncorrectedUsage(ctx)
+	fs, err := a.store.uncorrectedUsage(ctx, now.Add(-u.SettleDelay))
 	if err != nil {
 		return err
 	}
@@ -258,13 +280,17 @@ func (a *Auditor) correctUsage(ctx context.Context, rep *UsageReport) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range fs {
-		p, err := a.plan(ctx, f, now)
+	for _, x := range fs {
+		f := x.UsageFinding
+		if rep.isHeld(f) {
+			continue // its delivery has not settled: decided once it has
+		}
+		p, err := a.plan(ctx, f, x.seq, now)
 		if err != nil {
 			return err
 		}
 		if p.manual != "" {
-			if err := a.store.setManualAction(ctx, f.ID, p.manual, true); err != nil {
+			if err := a.store.setManualAction(ctx, f.ID, p.manual, !p.notFinal); err != nil {
 				return err
 			}
 			continue
@@ -298,7 +324,7 @@ func (a *Auditor) correctUsage(ctx context.Context, rep *UsageReport) error {
 			return err
 		}
 		if !recorded {
-			continue // the window already has one: never twice
+			continue // this correction exists: never twice
 		}
 		made++
 		units += abs(c.Units)
@@ -327,10 +353,20 @@ func (a *Auditor) carryOut(ctx context.Context, c UsageCorrection, now time.Time
 	var err error
 	switch c.Kind {
 	case CorrectionNegativeEvent:
+		// The call is counted before it is made: a duplicate refusal means
+		// an earlier call of this very correction counted only if there
+		// was one.
+		if err = a.store.countCorrectionAttempt(ctx, &c); err != nil {
+			break
+		}
 		_, err = a.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: c.EventName, StripeCustomerID: c.StripeCustomerID,
 			Value: c.Units, Identifier: c.Identifier, Timestamp: c.EventTS})
 		if errors.Is(err, stripeapi.ErrDuplicateIdentifier) {
-			err = nil // an earlier attempt of this very correction reached Stripe
+			if c.Attempts > 1 {
+				err = nil // an earlier call of this very correction reached Stripe
+			} else {
+				err = fmt.Errorf("%w: Stripe already has identifier %s though this correction was never sent before; it did not count", err, c.Identifier)
+			}
 		}
 		if err == nil {
 			c.EventsSent = 1
@@ -349,7 +385,7 @@ func (a *Auditor) carryOut(ctx context.Context, c UsageCorrection, now time.Time
 			}
 			var res stripeapi.MeterEventResult
 			res, err = a.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: c.EventName, StripeCustomerID: c.StripeCustomerID,
-				Value: e.value, Identifier: e.identifier, Timestamp: e.ts, IdempotencyKey: "pelguard-usage-resend:" + e.identifier})
+				Value: e.value, Identifier: e.identifier, Timestamp: e.ts, IdempotencyKey: resendKey(c, e.identifier)})
 			switch {
 			case errors.Is(err, stripeapi.ErrDuplicateIdentifier):
 				err = nil // Stripe has it: not the missing one
@@ -380,6 +416,25 @@ func (a *Auditor) carryOut(ctx context.Context, c UsageCorrection, now time.Time
 	return c
 }
 
+// resendKey is the idempotency key of one event of a resend correction:
+// the same for every call of that correction, another for the window's
+// next one (the first keeps its form of old).
+func resendKey(c UsageCorrection, identifier string) string {
+	if c.Seq > 1 {
+		return fmt.Sprintf("pelguard-usage-resend-%d:%s", c.Seq, identifier)
+	}
+	return "pelguard-usage-resend:" + identifier
+}
+
+// countCorrectionAttempt records, before a call, that c is called once more.
+func (s *Store) countCorrectionAttempt(ctx context.Context, c *UsageCorrection) error {
+	if err := s.pool.QueryRow(ctx, `UPDATE {schema}.usage_corrections SET attempts = attempts + 1
+		WHERE finding_id = $1 AND seq = $2 RETURNING attempts`, c.FindingID, c.Seq).Scan(&c.Attempts); err != nil {
+		return fmt.Errorf("counting a call of usage correction %s: %w", c.Identifier, err)
+	}
+	return nil
+}
+
 type windowEvent struct {
 	identifier string
 	ts         time.Time
@@ -397,17 +452,43 @@ func (a *Auditor) deliveredInWindow(ctx context.Context, c UsageCorrection) ([]w
 
 // --- SQL ---
 
-// uncorrectedUsage: open findings with no correction and no manual action
-// that rules one out.
-func (s *Store) uncorrectedUsage(ctx context.Context) ([]UsageFinding, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+usageFindingCols("f")+` FROM {schema}.usage_findings f
-		WHERE f.state = 'open' AND NOT EXISTS (SELECT 1 FROM {schema}.usage_corrections c WHERE c.finding_id = f.id)
-			AND NOT coalesce(f.manual_action LIKE '!%', false)
-		ORDER BY f.opened_at, f.id`)
+// correctable is an open finding a correction may be decided for, and the
+// number its next correction would have.
+type correctable struct {
+	UsageFinding
+	seq int
+}
+
+// uncorrectedUsage: open findings whose manual action does not rule a
+// correction out, none of whose corrections is still recorded (not
+// finished), and whose last correction was sent before settled (its effect
+// is part of the summary the finding was compared with).
+func (s *Store) uncorrectedUsage(ctx context.Context, settled time.Time) ([]correctable, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+usageFindingCols("f")+`, coalesce(k.n, 0) + 1 FROM {schema}.usage_findings f
+		LEFT JOIN LATERAL (SELECT max(c.seq) AS n, bool_or(c.status = 'recorded') AS pending,
+				max(coalesce(c.sent_at, c.recorded_at)) AS last
+			FROM {schema}.usage_corrections c WHERE c.finding_id = f.id) k ON true
+		LEFT JOIN LATERAL (SELECT c.stripe_value, c.ledger_value FROM {schema}.usage_corrections c
+			WHERE c.finding_id = f.id ORDER BY c.seq DESC LIMIT 1) p ON true
+		WHERE f.state = 'open' AND NOT coalesce(f.manual_action LIKE '!%', false)
+			AND NOT coalesce(k.pending, false) AND (k.last IS NULL OR k.last < $1)
+			-- The last correction is part of the summary compared: the
+			-- values moved since it was decided.
+			AND (k.n IS NULL OR p.stripe_value IS DISTINCT FROM f.stripe_value OR p.ledger_value IS DISTINCT FROM f.ledger_value)
+		ORDER BY f.opened_at, f.id`, settled)
 	if err != nil {
 		return nil, fmt.Errorf("reading uncorrected usage findings: %w", err)
 	}
-	fs, err := pgx.CollectRows(rows, scanUsageFinding)
+	fs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (correctable, error) {
+		var c correctable
+		var kind string
+		err := row.Scan(&c.ID, &kind, &c.State, &c.EventName, &c.MeterID, &c.StripeCustomerID, &c.WindowStart, &c.WindowEnd,
+			&c.Measure, &c.LedgerValue, &c.StripeValue, &c.Checks, &c.Resolution, &c.ManualAction, &c.UnknownLow, &c.UnknownHigh,
+			&c.Unknown, &c.Early, &c.seq)
+		c.Kind, c.WindowStart, c.WindowEnd = UsageKind(kind), c.WindowStart.UTC(), c.WindowEnd.UTC()
+		c.ManualAction = manualText(c.ManualAction)
+		return c, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("reading uncorrected usage findings: %w", err)
 	}
@@ -471,13 +552,14 @@ func (s *Store) overlappingCorrection(ctx context.Context, f UsageFinding) (bool
 	return busy, nil
 }
 
-// recordCorrection inserts c before any call; false when the finding or
-// the window already has one.
+// recordCorrection inserts c before any call; false when the finding
+// already has a correction of that number (or the identifier exists).
 func (s *Store) recordCorrection(ctx context.Context, c UsageCorrection, now time.Time) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `INSERT INTO {schema}.usage_corrections (finding_id, kind, identifier, event_name,
-			stripe_customer_id, window_start, window_end, units, event_ts, resend_until, source, recorded_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'auto', $11) ON CONFLICT DO NOTHING`,
-		c.FindingID, c.Kind, c.Identifier, c.EventName, c.StripeCustomerID, c.WindowStart, c.WindowEnd, c.Units, c.EventTS, c.ResendUntil, now)
+	tag, err := s.pool.Exec(ctx, `INSERT INTO {schema}.usage_corrections (finding_id, seq, kind, identifier, event_name,
+			stripe_customer_id, window_start, window_end, units, event_ts, resend_until, source, recorded_at, stripe_value, ledger_value)
+		VALUES ($1, $12, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'auto', $11, $13, $14) ON CONFLICT DO NOTHING`,
+		c.FindingID, c.Kind, c.Identifier, c.EventName, c.StripeCustomerID, c.WindowStart, c.WindowEnd, c.Units, c.EventTS, c.ResendUntil, now, c.Seq,
+		c.decidedOn[0], c.decidedOn[1])
 	if err != nil {
 		return false, fmt.Errorf("recording usage correction %s: %w", c.Identifier, err)
 	}
@@ -497,8 +579,8 @@ func (s *Store) finishCorrection(ctx context.Context, c UsageCorrection, manual 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `UPDATE {schema}.usage_corrections SET status = $2, sent_at = coalesce($3, sent_at),
-		events_sent = $4, last_error = nullif($5, '') WHERE finding_id = $1 AND status = 'recorded'`,
-		c.FindingID, c.Status, sentAt, c.EventsSent, c.LastError); err != nil {
+		events_sent = $4, last_error = nullif($5, '') WHERE finding_id = $1 AND seq = $6 AND status = 'recorded'`,
+		c.FindingID, c.Status, sentAt, c.EventsSent, c.LastError, c.Seq); err != nil {
 		return fmt.Errorf("recording usage correction %s: %w", c.Identifier, err)
 	}
 	if manual != "" {

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -134,6 +135,9 @@ func (a *Auditor) alertUsage(rep UsageReport) {
 			manual++
 		case hasC && c.Skipped != "":
 			info.Correction = "not corrected yet: " + c.Skipped
+		}
+		if f.Unknown != "" {
+			info.Correction = strings.TrimSpace(info.Correction + " " + f.Unknown)
 		}
 		items = append(items, info)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -65,6 +66,8 @@ func WriteUsageFindings(w io.Writer, fs []UsageFinding) error {
 		note := f.ManualAction
 		if f.Resolution != "" {
 			note = f.Resolution
+		} else if f.Unknown != "" {
+			note = strings.TrimSpace(note + " " + f.Unknown)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s/%s\t%d\t%d\t%s\t%s\n", f.ID, f.Kind, f.State, newMark, f.EventName,
 			f.StripeCustomerID, f.WindowStart.Format("2006-01-02T15:04Z"), f.WindowEnd.Sub(f.WindowStart), f.LedgerValue,

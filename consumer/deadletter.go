@@ -123,7 +123,14 @@ func customerOf(msg redis.XMessage) string {
 const ReplayedFromField = "replayed_from"
 
 // deadLetterMeta are the fields DeadLetter adds; a replay strips them.
-var deadLetterMeta = []string{"reason", "detail", "source_id", "source_stream", "group", "consumer", "dead_at", ReplayedFromField}
+var deadLetterMeta = []string{"reason", "detail", "source_id", "source_stream", "group", "consumer", "dead_at", ReplayedFromField,
+	ReplayOverrideField}
+
+// ReplayOverrideField carries, on a replayed meter event, the operator's
+// override (who, when, why): an event Stripe may have counted is sent
+// again past the safe window of its first attempt only with it. A replay
+// strips it, so it never outlives the one replay it was given for.
+const ReplayOverrideField = "replay_override"
 
 // Replayed is one dead letter put back on its stream.
 type Replayed struct {
@@ -139,6 +146,13 @@ type Replayed struct {
 // replayed and parked; a second replay adds it again, which the ledger
 // absorbs (already billed → acked, no second charge).
 func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, stream, reason string, limit int, dryRun bool) ([]Replayed, error) {
+	return ReplayDeadLettersOverride(ctx, rdb, stream, reason, limit, dryRun, "")
+}
+
+// ReplayDeadLettersOverride is ReplayDeadLetters with an operator's
+// override (who, when, why; empty: none) written on each replayed entry
+// (ReplayOverrideField).
+func ReplayDeadLettersOverride(ctx context.Context, rdb redis.UniversalClient, stream, reason string, limit int, dryRun bool, override string) ([]Replayed, error) {
 	var out []Replayed
 	start := "-"
 	for {
@@ -165,6 +179,9 @@ func ReplayDeadLetters(ctx context.Context, rdb redis.UniversalClient, stream, r
 					delete(values, k)
 				}
 				values[ReplayedFromField] = m.ID
+				if override != "" {
+					values[ReplayOverrideField] = override
+				}
 				id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Result()
 				if err != nil {
 					return out, fmt.Errorf("replaying %s onto %s: %w", m.ID, stream, err)

@@ -332,6 +332,9 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		}
 		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
 			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect(), Replay: IsReplay(m.Values)}
+		if r.Replay {
+			r.Override, _ = m.Values[ReplayOverrideField].(string)
+		}
 		reqs = append(reqs, r)
 		items = append(items, &pendingMsg{msg: m, req: r})
 	}
@@ -361,6 +364,10 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			c.alertParked(it.req, cl.Reason)
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
 			c.count(&b, it.msg.ID, OutcomeParked)
+		case meterledger.ReplayRefused:
+			// Nothing sent: back to the dead letters, with what to do.
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterReplayRefused, Detail: cl.Reason})
+			c.count(&b, it.msg.ID, OutcomeDeadLetter)
 		case meterledger.OutsideWindow:
 			dead = append(dead, Dead{Msg: it.msg, Reason: event.ReasonTimestampOutside, Detail: cl.Reason})
 			c.count(&b, it.msg.ID, OutcomeDeadLetter)
@@ -387,13 +394,21 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 	for i, it := range send {
 		outs[i] = it.out
 	}
-	recorded, err := c.ledger.Finish(context.WithoutCancel(ctx), outs)
+	results, err := c.ledger.FinishResults(context.WithoutCancel(ctx), outs)
 	if err != nil {
 		return b, msgs, fmt.Errorf("recording %d meter events: %w", len(outs), err)
 	}
 	for i, it := range send {
+		if results[i] == meterledger.Park && it.out.Result == meterledger.Failed {
+			// Refused after an attempt of unknown outcome: Stripe may count
+			// that attempt, so the ledger parked it (its units stay counted).
+			it.out.Result, it.out.Reason = meterledger.Park, meterledger.ParkedAfterUnknown+": "+it.out.Reason
+			if it.keyErr != nil {
+				c.cfg.Notifier.Notify(alerts.StripeKeyRejected(it.keyErr))
+			}
+		}
 		switch {
-		case !recorded[i] || it.out.Result == meterledger.Release:
+		case results[i] == 0 || it.out.Result == meterledger.Release:
 			b.Left++ // lost its lease, or a transient outcome: the next delivery decides
 			left = append(left, it.msg)
 			c.count(&b, it.msg.ID, OutcomeRetryLater)
@@ -456,8 +471,13 @@ const (
 	// meter, a value or timestamp it does not take).
 	ReasonMeterRefused = "meter_event_refused"
 	// ReasonMeterParked: its outcome is unknown and Stripe may no longer
-	// guard its identifier: not re-sent; a person decides.
+	// guard its identifier (or it was refused after an attempt of unknown
+	// outcome): not re-sent; a person checks at Stripe and settles it.
 	ReasonMeterParked = "meter_event_parked"
+	// ReasonMeterReplayRefused: a replay of an event Stripe may count, past
+	// the safe window of its first attempt: not sent (it could count
+	// twice). Settle it, or replay with an override.
+	ReasonMeterReplayRefused = "meter_replay_refused"
 )
 
 // sendAll makes the Stripe calls, Workers at once, renewing the leases and

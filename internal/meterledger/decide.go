@@ -63,6 +63,13 @@ const (
 	// epoch and the slot, its safe window starting now. For a parked event
 	// the replay is the person's word that Stripe does not have it.
 	Reopened
+	// ReplayRefused: an operator's replay of an event Stripe may have
+	// counted (parked, or failed after an attempt of unknown outcome, and
+	// not settled) whose first attempt is past the safe window: Stripe may
+	// no longer refuse its identifier, so a re-send could count it twice.
+	// Nothing written, nothing sent: dead-letter it again. A person checks
+	// at Stripe and settles it, or replays with an override (Request.Override).
+	ReplayRefused
 	// OverCap: the event would pass the meter's spend cap for its customer
 	// and month (meter_caps): nothing written, nothing sent. Dead-letter it
 	// (reason spend_cap) with an alert; once the cap is raised, a replay
@@ -72,7 +79,8 @@ const (
 
 var decisionNames = map[Decision]string{Acquired: "acquired", TakenOver: "taken_over", AlreadyDelivered: "already_delivered",
 	AlreadyTerminal: "already_terminal", Busy: "busy", SlotBusy: "slot_busy", Parked: "parked", Held: "held",
-	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened", OverCap: "over_cap"}
+	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened", OverCap: "over_cap",
+	ReplayRefused: "replay_refused"}
 
 func (d Decision) String() string {
 	if s, ok := decisionNames[d]; ok {
@@ -97,6 +105,10 @@ type Request struct {
 	// Replay: the entry is an operator's replay of a dead letter: a failed
 	// or parked row is Reopened rather than acked.
 	Replay bool
+	// Override: with Replay, the operator's word (who, when, why) that an
+	// event Stripe may have counted does not count there: it is reopened
+	// past the safe window (recorded on the row, replay_override).
+	Override string
 }
 
 // Claim is Reserve's answer for one request.
@@ -156,6 +168,12 @@ func decideRow(now time.Time, safe time.Duration, req Request, key Key, row *Rec
 		return Acquired, ""
 	}
 	switch {
+	case req.Replay && (row.Status == StatusFailed || row.Status == StatusParked) && stripeTakes &&
+		row.MaybeCounted() && req.Override == "" && now.Sub(row.FirstSentAt) >= safe:
+		return ReplayRefused, fmt.Sprintf("Stripe may count this event (%s: %s) and no longer guards its identifier (first attempt %s, %s ago): "+
+			"a replay could count it twice. Check the meter's events at Stripe, then settle it (pelguard-consumer meter-settle), "+
+			"or replay with --override \"why\" if Stripe does not have it",
+			row.Status, row.LastError, row.FirstSentAt.Format(time.RFC3339), now.Sub(row.FirstSentAt).Round(time.Minute))
 	case req.Replay && (row.Status == StatusFailed || row.Status == StatusParked) && stripeTakes:
 		return Reopened, ""
 	case row.EventName != ev.EventName || row.StripeCustomerID != ev.StripeCustomerID || row.Value != ev.Value:

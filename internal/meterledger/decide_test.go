@@ -39,6 +39,8 @@ func TestDecideRow(t *testing.T) {
 	replay.Replay = true
 	fixed := other
 	fixed.Replay = true
+	overridden := replay
+	overridden.Override = "not at Stripe (by alice at 2026-12-01T06:00:00Z)"
 	cases := []struct {
 		name   string
 		now    time.Time
@@ -60,7 +62,18 @@ func TestDecideRow(t *testing.T) {
 		{"failed", t0.Add(time.Minute), r, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "no meter" }), AlreadyTerminal, "no meter"},
 		{"another value, same identifier", t0.Add(time.Minute), other, row(func(r *Record) { r.Status = StatusDelivered }), Conflict, "value 3"},
 		{"replay of a failed event", t0.Add(time.Minute), replay, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "no meter" }), Reopened, ""},
-		{"replay of a parked event", t0.Add(30 * time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }), Reopened, ""},
+		// A parked event may be at Stripe: past the safe window of its first
+		// attempt only the operator's override reopens it.
+		{"replay of a parked event", t0.Add(30 * time.Hour), overridden, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }), Reopened, ""},
+		{"replay of a parked event, no override", t0.Add(30 * time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }),
+			ReplayRefused, "could count it twice"},
+		{"replay of a parked event inside the safe window", t0.Add(time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusParked, "why" }), Reopened, ""},
+		{"replay of a failed event after an unknown outcome", t0.Add(30 * time.Hour), replay,
+			row(func(r *Record) { r.Status, r.LastError, r.OutcomeUnknown, r.Attempts = StatusFailed, "401", true, 2 }), ReplayRefused, "could count it twice"},
+		{"replay of a settled one", t0.Add(30 * time.Hour), replay,
+			row(func(r *Record) {
+				r.Status, r.LastError, r.OutcomeUnknown, r.SettledAt = StatusFailed, "settled", true, t0.Add(29*time.Hour)
+			}), Reopened, ""},
 		{"replay, fixed value, of a failed event", t0.Add(time.Minute), fixed, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "bad" }), Reopened, ""},
 		{"replay of a delivered event", t0.Add(time.Minute), replay, row(func(r *Record) { r.Status = StatusDelivered }), AlreadyDelivered, ""},
 		{"replay of a failed event past 35 days", t0.Add(36 * 24 * time.Hour), replay, row(func(r *Record) { r.Status, r.LastError = StatusFailed, "x" }), AlreadyTerminal, "x"},

@@ -16,6 +16,9 @@ const (
 	Delivered Result = iota + 1
 	// Failed: Stripe refused the event for good (stripeapi.ErrInvalidRequest:
 	// unknown meter, bad value, timestamp out of range). Dead-letter, ack.
+	// An event an earlier attempt of which ended with an unknown outcome
+	// is never recorded failed: Stripe may count that attempt. Finish
+	// parks it instead (FinishResults says so), its units still counted.
 	Failed
 	// Park: the holder stops re-sending the event itself (an outcome it
 	// cannot resolve, such as stripeapi.ErrIdempotencyMismatch): a person
@@ -49,6 +52,10 @@ type Outcome struct {
 	Reason string
 }
 
+// ParkedAfterUnknown begins the reason of an event Finish parked instead of
+// failing it.
+const ParkedAfterUnknown = "an earlier attempt's outcome is unknown, so Stripe may count the event; a later attempt was refused"
+
 // Finish records a batch of outcomes in one statement (one transaction),
 // each fenced by its holder's epoch and the row still sending, frees their
 // slots (by grant, so a holder whose slot expired and was taken frees
@@ -57,9 +64,25 @@ type Outcome struct {
 // stream entry be acked (invariant 3); one not recorded lost its lease
 // (someone took the event over, or it was parked): leave it.
 func (l *Ledger) Finish(ctx context.Context, outs []Outcome) (recorded []bool, err error) {
+	res, err := l.FinishResults(ctx, outs)
+	if err != nil {
+		return nil, err
+	}
 	recorded = make([]bool, len(outs))
+	for i, r := range res {
+		recorded[i] = r != 0
+	}
+	return recorded, nil
+}
+
+// FinishResults is Finish returning what was recorded for each outcome: 0
+// where nothing was (the lease was lost), else the result as recorded,
+// which is Park where a Failed outcome met an event whose earlier attempt's
+// outcome is unknown (its reason then begins with ParkedAfterUnknown).
+func (l *Ledger) FinishResults(ctx context.Context, outs []Outcome) (results []Result, err error) {
+	results = make([]Result, len(outs))
 	if len(outs) == 0 {
-		return recorded, nil
+		return results, nil
 	}
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
 	n := len(outs)
@@ -78,7 +101,7 @@ func (l *Ledger) Finish(ctx context.Context, outs []Outcome) (recorded []bool, e
 		ts[i], ids[i], statuses[i], reasons[i], scs[i], names[i] = h.EventTS, h.Identifier, st, o.Reason, h.StripeCustomerID, h.EventName
 		epochs[i], toks[i] = h.Epoch, h.SlotToken
 	}
-	rows, err := l.pool.Query(ctx, finishSQL, ts, ids, epochs, statuses, reasons, scs, names, toks, now, l.writer())
+	rows, err := l.pool.Query(ctx, finishSQL, ts, ids, epochs, statuses, reasons, scs, names, toks, now, l.writer(), ParkedAfterUnknown)
 	if err != nil {
 		return nil, fmt.Errorf("recording %d meter event outcomes: %w", n, err)
 	}
@@ -86,10 +109,14 @@ func (l *Ledger) Finish(ctx context.Context, outs []Outcome) (recorded []bool, e
 	var seq *int64
 	for rows.Next() {
 		var i int
-		if err := rows.Scan(&i, &seq); err != nil {
+		var st string
+		if err := rows.Scan(&i, &seq, &st); err != nil {
 			return nil, fmt.Errorf("recording meter event outcomes: %w", err)
 		}
-		recorded[i-1] = true
+		results[i-1] = outs[i-1].Result
+		if st == string(StatusParked) && outs[i-1].Result == Failed {
+			results[i-1] = Park
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("recording %d meter event outcomes: %w", n, err)
@@ -97,7 +124,7 @@ func (l *Ledger) Finish(ctx context.Context, outs []Outcome) (recorded []bool, e
 	if seq != nil && *seq > 0 {
 		l.witness.Committed(*seq)
 	}
-	return recorded, nil
+	return results, nil
 }
 
 // finishSQL frees the slots first (the order Reserve locks in: slots, then
@@ -112,13 +139,20 @@ WITH u AS (
 	WHERE s.stripe_customer_id = u.sc AND s.event_name = u.name AND s.token = u.tok
 	RETURNING 1
 ), done AS (
-	UPDATE {schema}.meter_events m SET status = u.st, lease_owner = NULL, lease_expires_at = NULL,
+	-- A refusal after an attempt of unknown outcome parks (Stripe may
+	-- count that attempt); a release records that an attempt's outcome is
+	-- unknown.
+	UPDATE {schema}.meter_events m SET
+		status = CASE WHEN u.st = 'failed' AND m.outcome_unknown THEN 'parked' ELSE u.st END,
+		lease_owner = NULL, lease_expires_at = NULL,
 		delivered_at = CASE WHEN u.st = 'delivered' THEN $9::timestamptz END,
-		last_error = CASE WHEN u.st = 'delivered' THEN NULL ELSE coalesce(nullif(u.reason, ''), m.last_error) END
+		last_error = CASE WHEN u.st = 'delivered' THEN NULL WHEN u.st = 'failed' AND m.outcome_unknown THEN $11 || ': ' || u.reason
+			ELSE coalesce(nullif(u.reason, ''), m.last_error) END,
+		outcome_unknown = m.outcome_unknown OR u.st = 'sending'
 	FROM u
 	WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($1) AND m.epoch = u.e AND m.status = 'sending'
 		AND (SELECT count(*) FROM freed) >= 0
-	RETURNING u.i, u.st, m.event_name, m.stripe_customer_id, m.event_ts, m.value
+	RETURNING u.i, m.status AS st, m.event_name, m.stripe_customer_id, m.event_ts, m.value
 ), uncounted AS (
 	-- Stripe refused these: they count nothing against the customer's use.
 	` + uncountSQL("done WHERE st = 'failed'", "$9") + `
@@ -129,7 +163,7 @@ WITH u AS (
 	ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $9
 	RETURNING seq
 )
-SELECT done.i, (SELECT seq FROM bump) FROM done`
+SELECT done.i, (SELECT seq FROM bump), done.st FROM done`
 
 // ExtendMany renews the leases and slots of many holds in one statement
 // (the heartbeat). lost[i] reports that holds[i] no longer holds its event:

@@ -94,6 +94,22 @@ type Record struct {
 	LastError        string
 	StreamMessageID  string
 	CreatedAt        time.Time
+	// OutcomeUnknown: an attempt ended without knowing whether Stripe
+	// counted the event (a lost reply, a timeout, a crash): the event is
+	// never recorded failed after it, and counts as possibly at Stripe
+	// until a person settles it (SettledAt).
+	OutcomeUnknown bool
+	SettledAt      time.Time
+	// ReplayOverride: the operator's word (who, when, why) that reopened
+	// the event past the safe window of its first attempt.
+	ReplayOverride string
+}
+
+// MaybeCounted reports whether Stripe may have counted the event though
+// the ledger does not record it delivered: parked, or failed after an
+// attempt of unknown outcome, and not settled by a person.
+func (r Record) MaybeCounted() bool {
+	return r.SettledAt.IsZero() && (r.Status == StatusParked || r.Status == StatusFailed && r.OutcomeUnknown)
 }
 
 // LeaseLive reports whether someone holds an unexpired lease at now.
@@ -171,7 +187,8 @@ func cols(a string) string {
 	coalesce(` + a + `.stripe_customer_id, ''), coalesce(` + a + `.customer_id, ''), coalesce(` + a + `.value, 0),
 	coalesce(` + a + `.status, ''), ` + a + `.first_sent_at, coalesce(` + a + `.attempts, 0), coalesce(` + a + `.epoch, 0),
 	coalesce(` + a + `.lease_owner, ''), ` + a + `.lease_expires_at, ` + a + `.delivered_at,
-	coalesce(` + a + `.last_error, ''), coalesce(` + a + `.stream_message_id, ''), ` + a + `.created_at`
+	coalesce(` + a + `.last_error, ''), coalesce(` + a + `.stream_message_id, ''), ` + a + `.created_at,
+	coalesce(` + a + `.outcome_unknown, false), ` + a + `.settled_at, coalesce(` + a + `.replay_override, '')`
 }
 
 var recordCols = cols("m")
@@ -179,16 +196,16 @@ var recordCols = cols("m")
 func scanRecord(row pgx.Row, extra ...any) (Record, bool, error) {
 	var r Record
 	var status string
-	var ts, first, exp, delivered, created *time.Time
+	var ts, first, exp, delivered, created, settled *time.Time
 	dest := append([]any{&ts, &r.Identifier, &r.EventName, &r.StripeCustomerID, &r.CustomerID, &r.Value,
 		&status, &first, &r.Attempts, &r.Epoch, &r.LeaseOwner, &exp, &delivered,
-		&r.LastError, &r.StreamMessageID, &created}, extra...)
+		&r.LastError, &r.StreamMessageID, &created, &r.OutcomeUnknown, &settled, &r.ReplayOverride}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Record{}, false, err
 	}
 	r.Status = Status(status)
 	r.EventTS, r.FirstSentAt, r.LeaseExpiresAt = utc(ts), utc(first), utc(exp)
-	r.DeliveredAt, r.CreatedAt = utc(delivered), utc(created)
+	r.DeliveredAt, r.CreatedAt, r.SettledAt = utc(delivered), utc(created), utc(settled)
 	return r, ts != nil, nil
 }
 

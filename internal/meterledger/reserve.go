@@ -201,7 +201,11 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 		idx, ops = append(idx, int32(it.i)), append(ops, int32(it.op))
 		ts, exp = append(ts, it.key.EventTS), append(exp, now.Add(it.req.Lease))
 		ids, names, scs, custs = append(ids, it.key.Identifier), append(names, ev.EventName), append(scs, ev.StripeCustomerID), append(custs, ev.CustomerID)
-		owners, msgs, reasons = append(owners, it.req.Owner), append(msgs, it.req.MessageID), append(reasons, it.claim.Reason)
+		reason := it.claim.Reason
+		if it.op == opReopen {
+			reason = it.req.Override // the reopen's $15: the operator's override, if any
+		}
+		owners, msgs, reasons = append(owners, it.req.Owner), append(msgs, it.req.MessageID), append(reasons, reason)
 		vals, epochs, cas, toks = append(vals, ev.Value), append(epochs, it.claim.Record.Epoch), append(cas, c), append(toks, it.newTok)
 		cnts = append(cnts, (it.op == opInsert || it.op == opReopen) && it.counts())
 	}
@@ -364,7 +368,7 @@ WITH a AS (
 	WHERE a.op = 1 ORDER BY a.ts, a.id
 	ON CONFLICT DO NOTHING RETURNING *
 ), take AS (
-	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, lease_owner = a.owner,
+	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, outcome_unknown = true, lease_owner = a.owner,
 		lease_expires_at = a.exp, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id)
 	FROM a JOIN got ON got.token = a.tok
 	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
@@ -372,7 +376,15 @@ WITH a AS (
 	RETURNING m.*
 ), reopen AS (
 	UPDATE {schema}.meter_events m SET status = 'sending', event_name = a.name, stripe_customer_id = a.sc,
-		customer_id = coalesce(nullif(a.cust, ''), m.customer_id), value = a.val, first_sent_at = $16,
+		customer_id = coalesce(nullif(a.cust, ''), m.customer_id), value = a.val,
+		-- An event Stripe may have (parked, or failed after an attempt of
+		-- unknown outcome) keeps its first attempt: its identifier is
+		-- guarded only that long. An override (the reason) is the
+		-- operator's word that Stripe does not have it.
+		first_sent_at = CASE WHEN a.reason = '' AND m.settled_at IS NULL AND (m.status = 'parked' OR m.outcome_unknown)
+			THEN m.first_sent_at ELSE $16 END,
+		outcome_unknown = a.reason = '' AND m.settled_at IS NULL AND (m.status = 'parked' OR m.outcome_unknown),
+		replay_override = coalesce(nullif(a.reason, ''), m.replay_override), settled_at = NULL, settled_by = NULL, settle_reason = NULL,
 		attempts = m.attempts + 1, epoch = ` + nextEpoch + `, lease_owner = a.owner, lease_expires_at = a.exp,
 		delivered_at = NULL, last_error = NULL, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id)
 	FROM a JOIN got ON got.token = a.tok

@@ -13,31 +13,81 @@ import (
 // auditor's own scratch table usage_stage (migration 00015), here because
 // this package alone reads meter_events.
 
-// StageWindowTotals aggregates, in one statement, the delivered events with
+// UnknownSQL is true for a row of meter_events m whose outcome at Stripe
+// is unknown: sending (in flight, or its reply lost), parked, or failed
+// after an earlier attempt of unknown outcome and not settled by a person
+// (rows recorded before such events were parked instead). Stripe may count
+// it: the usage reconciliation neither counts it as delivered nor takes
+// it back.
+const UnknownSQL = `(m.status IN ('sending', 'parked') OR (m.status = 'failed' AND m.outcome_unknown AND m.settled_at IS NULL))`
+
+// StageWindowTotals aggregates, in one statement, the events with
 // timestamps in [dailyFrom, to) into usage_stage under runID: per meter,
 // Stripe customer and window — a UTC day for events before hourlyFrom, an
-// hour from it on — their sum and count. dailyFrom and hourlyFrom must be
-// UTC midnights and to an hour, as Stripe's summaries align their windows.
-// It returns the number of windows staged. Nothing of the ledger passes
-// through the caller's memory.
+// hour from it on — the delivered events' sum and count, the negative and
+// positive values and the count of the events of unknown outcome
+// (UnknownSQL), and the window's last delivery (the latest delivered_at or
+// first attempt). dailyFrom and hourlyFrom must be UTC midnights and to an
+// hour, as Stripe's summaries align their windows. It returns the number of
+// windows staged. Nothing of the ledger passes through the caller's memory.
 func (l *Ledger) StageWindowTotals(ctx context.Context, runID int64, dailyFrom, hourlyFrom, to time.Time) (int64, error) {
 	if dailyFrom.After(hourlyFrom) || hourlyFrom.After(to) {
 		return 0, fmt.Errorf("meter ledger: staging windows: want dailyFrom <= hourlyFrom <= to, got %s, %s, %s", dailyFrom, hourlyFrom, to)
 	}
 	tag, err := l.pool.Exec(ctx, `INSERT INTO {schema}.usage_stage
-			(run_id, event_name, stripe_customer_id, window_start, window_end, value, events)
-		SELECT $1, m.event_name, m.stripe_customer_id, w.s, w.s + w.width, sum(m.value), count(*)
+			(run_id, event_name, stripe_customer_id, window_start, window_end, value, events,
+			 unknown_low, unknown_high, unknown_events, last_delivery)
+		SELECT $1, m.event_name, m.stripe_customer_id, w.s, w.s + w.width,
+			coalesce(sum(m.value) FILTER (WHERE NOT k.unk), 0), count(*) FILTER (WHERE NOT k.unk),
+			coalesce(sum(least(m.value, 0)) FILTER (WHERE k.unk), 0), coalesce(sum(greatest(m.value, 0)) FILTER (WHERE k.unk), 0),
+			count(*) FILTER (WHERE k.unk), max(greatest(m.delivered_at, m.first_sent_at))
 		FROM {schema}.meter_events m
 		CROSS JOIN LATERAL (SELECT
 			CASE WHEN m.event_ts >= $3 THEN date_trunc('hour', m.event_ts AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
 			     ELSE date_trunc('day', m.event_ts AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' END AS s,
 			CASE WHEN m.event_ts >= $3 THEN interval '1 hour' ELSE interval '24 hours' END AS width) w
-		WHERE m.status = 'delivered' AND m.event_ts >= $2 AND m.event_ts < $4
+		CROSS JOIN LATERAL (SELECT m.status <> 'delivered' AS unk) k
+		WHERE (m.status = 'delivered' OR `+UnknownSQL+`) AND m.event_ts >= $2 AND m.event_ts < $4
 		GROUP BY m.event_name, m.stripe_customer_id, w.s, w.width`, runID, dailyFrom, hourlyFrom, to)
 	if err != nil {
 		return 0, fmt.Errorf("staging delivered meter totals of run %d: %w", runID, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// UnknownEvent is an event of unknown outcome, as a usage finding names it.
+type UnknownEvent struct {
+	Key
+	Status      Status
+	Value       int64
+	FirstSentAt time.Time
+	LastError   string
+}
+
+// UnknownInWindow returns the events of eventName and customer with
+// timestamps in [from, to) whose outcome at Stripe is unknown (UnknownSQL),
+// oldest first, at most limit, and how many there are in all.
+func (l *Ledger) UnknownInWindow(ctx context.Context, eventName, customer string, from, to time.Time, limit int) ([]UnknownEvent, int, error) {
+	rows, err := l.pool.Query(ctx, `SELECT m.event_ts, m.identifier, m.status, m.value, m.first_sent_at, coalesce(m.last_error, ''),
+			count(*) OVER ()
+		FROM {schema}.meter_events m
+		WHERE m.event_name = $1 AND m.stripe_customer_id = $2 AND m.event_ts >= $3 AND m.event_ts < $4 AND `+UnknownSQL+`
+		ORDER BY m.event_ts, m.identifier LIMIT $5`, eventName, customer, from, to, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading %s events of unknown outcome of %s: %w", eventName, customer, err)
+	}
+	total := 0
+	evs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnknownEvent, error) {
+		var e UnknownEvent
+		var st string
+		err := r.Scan(&e.EventTS, &e.Identifier, &st, &e.Value, &e.FirstSentAt, &e.LastError, &total)
+		e.Status, e.EventTS, e.FirstSentAt = Status(st), e.EventTS.UTC(), e.FirstSentAt.UTC()
+		return e, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading %s events of unknown outcome of %s: %w", eventName, customer, err)
+	}
+	return evs, total, nil
 }
 
 // WindowEvent is a delivered event as a re-send needs it.
@@ -71,20 +121,4 @@ func (l *Ledger) DeliveredInWindow(ctx context.Context, eventName, customer stri
 		return evs[:limit], true, nil
 	}
 	return evs, false, nil
-}
-
-// Undecided counts the events of eventName and customer with timestamps in
-// [from, to) whose outcome at Stripe is not known: parked (past the safe
-// window, or parked by a ledger repair) or still sending. Stripe may count
-// them while the ledger's delivered total does not, so a window over at
-// Stripe by no more than their units may be pelguard's own usage
-// (invariant 13): never taken back automatically.
-func (l *Ledger) Undecided(ctx context.Context, eventName, customer string, from, to time.Time) (events, units int64, err error) {
-	err = l.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(value), 0)::bigint FROM {schema}.meter_events
-		WHERE status IN ('parked', 'sending') AND event_name = $1 AND stripe_customer_id = $2 AND event_ts >= $3 AND event_ts < $4`,
-		eventName, customer, from, to).Scan(&events, &units)
-	if err != nil {
-		return 0, 0, fmt.Errorf("counting undecided %s events of %s: %w", eventName, customer, err)
-	}
-	return events, units, nil
 }

@@ -40,6 +40,8 @@ func registerUsage(fs *flag.FlagSet, u *audit.UsageConfig) {
 	fs.Int64Var(&u.MaxUnits, "usage-max-units", audit.DefaultUsageMaxUnits, "most meter units one run's usage corrections move in total")
 	fs.IntVar(&u.MaxCorrections24h, "usage-max-corrections-24h", audit.DefaultUsageMaxCorrections24h,
 		"most usage corrections in any 24 h, over every run")
+	fs.IntVar(&u.MaxWindowCorrections, "usage-max-window-corrections", audit.DefaultUsageMaxWindowCorrections,
+		"most corrections one usage window gets over its life (a window that drifts again after them is named for a person)")
 	fs.DurationVar(&u.InvoiceGrace, "usage-invoice-grace", audit.DefaultUsageInvoiceGrace,
 		"the invoices' finalization grace period: usage of a calendar month is corrected until the next month's start plus this")
 	fs.IntVar(&u.MaxResendEvents, "usage-max-resend-events", audit.DefaultUsageMaxResendEvents,

@@ -33,6 +33,7 @@ func program() *cli.Program {
 		{Name: "run", Args: "[flags]", Summary: "consume until SIGTERM/SIGINT", Run: runCmd},
 		{Name: "cap", Args: "set|show [flags]", Summary: "set or show a billing period's spend cap", Run: capCmd},
 		{Name: "meter-cap", Args: "set|show|remove [flags]", Summary: "set, show or remove a meter's spend cap per customer and month, in the meter's units", Run: meterCapCmd},
+		{Name: "meter-settle", Args: "--identifier ID --event-ts TS --counted|--not-counted --reason WHY", Summary: "record whether Stripe counted a parked meter event, once a person checked", Run: meterSettleCmd},
 		{Name: "replay", Args: "[flags]", Summary: "put dead letters back on their stream", Run: replayCmd},
 		{Name: "retry", Args: "--period P [--customer C]", Summary: "bill again, under a new attempt's key, customers whose last attempt failed", Run: retryCmd},
 		{Name: "meter-events", Args: "[flags]", Summary: "send usage events to Stripe Billing Meters, each counted once, until SIGTERM", Run: meterCmd},

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
@@ -17,7 +19,13 @@ setting the cap), stripe_key_error (after fixing the key), action_required (once
 authenticated or added a payment method) or stripe_permanent_error (once fixed at Stripe). Each
 replayed entry carries replayed_from=<dead letter id>: for an action_required or failed row that
 is what charges again, under the next attempt's key. The ledger makes a replay safe: an event
-already billed is acked without a second charge.`
+already billed is acked without a second charge.
+
+A meter event Stripe may have counted (parked: its outcome unknown) is not sent again once the
+safe window of its first attempt has passed: the replay is refused (reason meter_replay_refused),
+as Stripe may no longer refuse its identifier. Check the meter's events at Stripe and settle it
+('meter-settle'); only if Stripe does not have it, --override "why" sends it anyway and records
+the reason, with who ran it and when, on the event's row.`
 
 // ReplayOptions are the flags of `consumer replay`.
 type ReplayOptions struct {
@@ -27,6 +35,7 @@ type ReplayOptions struct {
 	Reason   string // empty: every reason
 	Limit    int    // per stream; 0: all
 	DryRun   bool
+	Override string
 
 	streams []cli.StreamGroup // resolved by Validate
 }
@@ -38,12 +47,16 @@ func (o *ReplayOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Limit, "limit", 0, "replay at most this many per stream (0: all)")
 	cli.ZeroMeans(fs, "limit")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "list what would be replayed, change nothing")
+	fs.StringVar(&o.Override, "override", "", "send meter events Stripe may have counted even past their safe window, recording this reason (you checked: Stripe does not have them)")
 }
 
 // Validate checks the flags and resolves the streams.
 func (o *ReplayOptions) Validate() error {
 	if o.Limit < 0 {
 		return cli.Usagef("--limit must not be negative")
+	}
+	if o.Override != "" && strings.TrimSpace(o.Override) == "" {
+		return cli.Usagef("--override needs a reason (what you checked at Stripe)")
 	}
 	streams, err := o.Streams.Resolve(o.Group)
 	if err != nil {
@@ -55,7 +68,7 @@ func (o *ReplayOptions) Validate() error {
 
 func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := prog + " replay"
-	fs := cli.NewFlagSet(name, name+" [--stream S]... [--reason R] [--limit N] [--dry-run]", replayDescription, stderr)
+	fs := cli.NewFlagSet(name, name+" [--stream S]... [--reason R] [--limit N] [--dry-run] [--override WHY]", replayDescription, stderr)
 	var o ReplayOptions
 	o.register(fs)
 	if err := cli.ParseFlags(fs, args); err != nil {
@@ -83,7 +96,11 @@ func (o *ReplayOptions) run(ctx context.Context, stdout io.Writer) error {
 			continue
 		}
 		seen[sg.Stream] = true
-		done, err := consumer.ReplayDeadLetters(ctx, rdb, sg.Stream, o.Reason, o.Limit, o.DryRun)
+		override := ""
+		if o.Override != "" {
+			override = fmt.Sprintf("%s (by %s at %s)", strings.TrimSpace(o.Override), operator(), time.Now().UTC().Format(time.RFC3339))
+		}
+		done, err := consumer.ReplayDeadLettersOverride(ctx, rdb, sg.Stream, o.Reason, o.Limit, o.DryRun, override)
 		writeReplayed(stdout, sg.Stream, done, o.DryRun)
 		if err != nil {
 			return err
