@@ -31,6 +31,9 @@ type Startup struct {
 	ClockLimit time.Duration
 	ClockWhat  string
 	Logger     *slog.Logger
+	// Agreement is checked once the schema is: a role whose namespace is
+	// not its streams' does not start.
+	Agreement Agreement
 	// Rollback, when set, starts watching the ledger for a rollback once
 	// the schema is checked (NewRollback).
 	Rollback *rollback.Monitor
@@ -63,6 +66,9 @@ func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *
 		return fail(err)
 	}
 	if err := CheckSchema(ctx, s.Prog, s.Pool, s.Schema); err != nil {
+		return fail(err)
+	}
+	if err := s.Agreement.Check(ctx, s.Pool, s.Redis, s.Schema); err != nil {
 		return fail(err)
 	}
 	if err := CheckClock(ctx, s.Pool, s.ClockLimit, s.ClockWhat); err != nil {

@@ -33,6 +33,7 @@ func program() *cli.Program {
 		{Name: "run", Args: "[flags]", Summary: "consume until SIGTERM/SIGINT", Run: runCmd},
 		{Name: "cap", Args: "set|show [flags]", Summary: "set or show a billing period's spend cap", Run: capCmd},
 		{Name: "meter-cap", Args: "set|show|remove [flags]", Summary: "set, show or remove a meter's spend cap per customer and month, in the meter's units", Run: meterCapCmd},
+		{Name: "namespace", Args: "set|show [flags]", Summary: "show or change (audited) the namespace each stream's roles must run with", Run: namespaceCmd},
 		{Name: "replay", Args: "[flags]", Summary: "put dead letters back on their stream", Run: replayCmd},
 		{Name: "retry", Args: "--period P [--customer C]", Summary: "bill again, under a new attempt's key, customers whose last attempt failed", Run: retryCmd},
 		{Name: "meter-events", Args: "[flags]", Summary: "send usage events to Stripe Billing Meters, each counted once, until SIGTERM", Run: meterCmd},

@@ -169,7 +169,8 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
+		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.UsageStreams(o.streams), Record: true, By: mon.Writer()}}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 	"github.com/pelguard/pelguard/stripelimit"
@@ -260,7 +261,8 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
+		Agreement: o.agreement(mon.Writer())}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}
@@ -295,6 +297,22 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	}
 	logger.Info("stopped cleanly")
 	return cli.ExitOK
+}
+
+// agreement is the reaper's: its charge and meter streams run with its
+// --namespace. An external ledger's keys are the team's, not pelguard's:
+// nothing to agree on. A dry run records nothing.
+func (o *RunOptions) agreement(by string) cli.Agreement {
+	a := cli.Agreement{Namespace: o.Namespace, Record: !o.DryRun, By: by}
+	for _, sg := range o.meterStreams {
+		a.Streams = append(a.Streams, streamfacts.Stream{Name: sg.Stream, Group: sg.Group, Kind: streamfacts.Usage})
+	}
+	if o.ExternalLedger == "" {
+		for _, sg := range o.streams {
+			a.Streams = append(a.Streams, streamfacts.Stream{Name: sg.Stream, Group: sg.Group, Kind: streamfacts.Charges})
+		}
+	}
+	return a
 }
 
 // config is the reaper.Config the flags make, without the clients.
