@@ -8,6 +8,10 @@
 -- a role started with another namespace refuses to start. Only
 -- `pelguard-consumer namespace set` changes it.
 --
+-- stream_pauses: streams an operator paused (`pelguard-consumer pause`,
+-- the console): while a row is here no consumer or re-drive of the stream
+-- calls Stripe. Resuming deletes the row.
+--
 -- stream_fact_changes: who changed which fact of a stream, when, from what
 -- to what, and why; never updated or deleted.
 --
@@ -26,6 +30,16 @@ CREATE TABLE stream_namespaces (
 );
 COMMENT ON TABLE stream_namespaces IS 'Per stream and group: the namespace of its idempotency keys or meter-event identifiers, which every role must run with (internal/streamfacts).';
 
+CREATE TABLE stream_pauses (
+    stream         text        NOT NULL CHECK (stream <> ''),
+    consumer_group text        NOT NULL CHECK (consumer_group <> ''),
+    paused_at      timestamptz NOT NULL DEFAULT now(),
+    paused_by      text        NOT NULL CHECK (paused_by <> ''),
+    reason         text        NOT NULL CHECK (btrim(reason) <> ''),
+    PRIMARY KEY (stream, consumer_group)
+);
+COMMENT ON TABLE stream_pauses IS 'Streams whose billing an operator paused: no consumer or re-drive of them calls Stripe until resumed (internal/streamfacts).';
+
 CREATE TABLE stream_fact_changes (
     id             bigserial   PRIMARY KEY,
     at             timestamptz NOT NULL DEFAULT now(),
@@ -42,4 +56,5 @@ COMMENT ON TABLE stream_fact_changes IS 'Every change of a stream''s recorded fa
 
 -- +goose Down
 DROP TABLE stream_fact_changes;
+DROP TABLE stream_pauses;
 DROP TABLE stream_namespaces;

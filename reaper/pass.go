@@ -53,6 +53,10 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		errs = append(errs, fmt.Errorf("reading the periods with imported history: %w", err))
 	}
 	for _, st := range r.streams {
+		if r.paused(st.StreamGroup) {
+			r.cfg.Logger.DebugContext(ctx, "reaper: billing paused; stream left alone", "stream", st.Stream, "group", st.Group)
+			continue
+		}
 		if err := r.reapStream(ctx, workCtx, st, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping %s: %w", st, err))
 		}
@@ -61,6 +65,10 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		}
 	}
 	for _, ms := range r.meters {
+		if r.paused(ms.StreamGroup) {
+			r.cfg.Logger.DebugContext(ctx, "reaper: billing paused; meter stream left alone", "stream", ms.Stream, "group", ms.Group)
+			continue
+		}
 		if err := r.reapMeterStream(ctx, workCtx, ms, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping meter stream %s: %w", ms, err))
 		}

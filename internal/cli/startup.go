@@ -10,7 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/internal/redact"
 	"github.com/pelguard/pelguard/internal/rollback"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 )
 
 // Startup is how the consumer, the reaper and the webhook receiver come up: /metrics, /healthz
@@ -34,6 +36,10 @@ type Startup struct {
 	// Agreement is checked once the schema is: a role whose namespace is
 	// not its streams' does not start.
 	Agreement Agreement
+	// Pauses, when set, is read once before the service starts (a
+	// consumer started while its stream is paused reads nothing), then
+	// every second until ctx ends.
+	Pauses *streamfacts.Watcher
 	// Rollback, when set, starts watching the ledger for a rollback once
 	// the schema is checked (NewRollback).
 	Rollback *rollback.Monitor
@@ -73,6 +79,12 @@ func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *
 	}
 	if err := CheckClock(ctx, s.Pool, s.ClockLimit, s.ClockWhat); err != nil {
 		return fail(err)
+	}
+	if s.Pauses != nil {
+		if err := s.Pauses.Refresh(ctx); err != nil {
+			return fail(redact.Error(err))
+		}
+		go s.Pauses.Run(ctx)
 	}
 	ReportDurability(ctx, s.Pool, s.Logger, s.Registry)
 	if s.Rollback != nil {

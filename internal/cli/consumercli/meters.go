@@ -10,6 +10,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -155,13 +156,14 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	}
 	defer pool.Close()
 	defer mon.Close() // before the pool closes
+	pauses := streamfacts.NewWatcher(pool, o.Schema, 0, reg, logger)
 	var cs []*consumer.MeterConsumer
 	metrics := consumer.NewMetrics(reg)
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
 			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
-			Metrics: metrics, Notifier: notifier, Logger: logger})
+			Metrics: metrics, Notifier: notifier, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}
@@ -170,7 +172,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
 		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
-		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.UsageStreams(o.streams), Record: true, By: mon.Writer()}}.Run(ctx, stderr)
+		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.UsageStreams(o.streams), Record: true, By: mon.Writer()}, Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

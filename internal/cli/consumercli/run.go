@@ -9,6 +9,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -181,10 +182,11 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	base.Redis, base.DB, base.Stripe, base.Witness = rdb, pool, sc, mon
 	mon.SetRepair(cli.LedgerRepair(pool, o.Schema, sc, o.Namespace, base.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	base.Notifier, base.DeadLetters, base.Metrics, base.Logger = notifier, dl, metrics, logger
+	pauses := streamfacts.NewWatcher(pool, o.Schema, 0, reg, logger)
 	cs := make([]*consumer.Consumer, len(o.streams))
 	for i, sg := range o.streams {
 		cfg := base
-		cfg.Stream, cfg.Group = sg.Stream, sg.Group
+		cfg.Stream, cfg.Group, cfg.Paused = sg.Stream, sg.Group, pauses.Func(sg.Stream, sg.Group)
 		if i > 0 {
 			// The ledger follow-up is ledger-wide, not per stream: one
 			// loop per process (the first consumer's) does it all.
@@ -197,7 +199,7 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
 		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
-		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.ChargeStreams(o.streams), Record: true, By: mon.Writer()}}.Run(ctx, stderr)
+		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.ChargeStreams(o.streams), Record: true, By: mon.Writer()}, Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

@@ -250,6 +250,8 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
+	pauses := streamfacts.NewWatcher(pool, o.Schema, 0, reg, logger)
+	cfg.Paused = pauses.Paused
 	var printer *decisionPrinter
 	if o.DryRun {
 		printer = newDecisionPrinter(stdout, o.JSON)
@@ -262,7 +264,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
 		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
 		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
-		Agreement: o.agreement(mon.Writer())}.Run(ctx, stderr)
+		Agreement: o.agreement(mon.Writer()), Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}
