@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/streamfacts"
@@ -196,50 +195,25 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // Redis and Postgres, checks the schema and the clock, then runs one pass
 // (--once) or passes until ctx ends.
 func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
-	logger, err := o.Log.Logger(stderr)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	cli.RouteLibraryLogs(logger)
-	stopTracing, err := cli.Tracing(ctx, role)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer stopTracing()
-	reg := cli.NewRegistry(role)
-	notifier, err := o.Slack.Notifier(logger, reg)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer closeNotifier(notifier)
-
-	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer rdb.Close()
-	var sc consumer.Stripe
-	if !o.DryRun {
-		c, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleRedrive, Redis: rdb, Registerer: reg})
-		if err != nil {
-			return cli.Fail(stderr, prog, err)
-		}
-		sc = c
-	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, o.Workers+o.PageWorkers*len(o.streams)+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	mon, err := cli.NewRollback("reaper", o.Name, o.Schema, rdb, notifier, logger, reg)
+	spec := cli.Role{Metrics: role, Witness: role, Trace: role, Name: o.Name, Schema: o.Schema, RedisURL: o.RedisURL,
+		DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Share: stripelimit.RoleRedrive, Conns: conns}
+	if !o.DryRun {
+		spec.Stripe = &o.Stripe // a dry run needs no key
+	}
+	rp, err := cli.BuildRole(ctx, stderr, spec)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
+	defer rp.Close()
+	logger, mon, pool, rdb, notifier, reg := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Notifier, rp.Registry
+	var sc consumer.Stripe
+	if rp.Stripe != nil {
+		sc = rp.Stripe
 	}
-	defer pool.Close()
-	defer mon.Close() // before the pool closes
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
@@ -250,7 +224,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
-	pauses := streamfacts.NewWatcher(pool, o.Schema, 0, reg, logger)
+	pauses := rp.Pauses
 	cfg.Paused = pauses.Paused
 	var printer *decisionPrinter
 	if o.DryRun {
@@ -262,7 +236,7 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
-		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
+		Deps: rp.Deps, Wait: o.WaitForDeps, Schema: o.Schema,
 		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
 		Agreement: o.agreement(mon.Writer()), Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
@@ -332,10 +306,4 @@ func (o *RunOptions) config() reaper.Config {
 		Schema: o.Schema, OmitChargeMetadata: !o.ChargeMetadata, Description: o.Description(), StoppedConsumers: strings.Split(o.StoppedConsumers, ","),
 		ExternalLedger: o.ExternalLedger, ExternalMaxCall: o.ExternalMaxCall, ExternalInsert: o.ExternalInsert,
 	}
-}
-
-func closeNotifier(n alerts.Notifier) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = n.Close(ctx)
 }
