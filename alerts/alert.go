@@ -74,6 +74,9 @@ const (
 	KindLedgerRollback Kind = "ledger_rollback"
 	// KindLedgerRepaired: a rollback's repair from Stripe finished.
 	KindLedgerRepaired Kind = "ledger_repaired"
+	// KindStreamPaused: an operator paused (or resumed) billing from a
+	// stream: nothing of it is sent to Stripe until it is resumed.
+	KindStreamPaused Kind = "stream_paused"
 )
 
 // Field is a label/value pair shown side by side (Slack section fields).
@@ -529,4 +532,18 @@ func UnregisteredConsumers(stream, group string, names []string, entries int) Al
 			entries, Escape(stream), Escape(group), Escape(strings.Join(names, ", ")), Escape(strings.Join(names, ","))),
 		Fingerprint: "unregistered_consumers:" + stream + "/" + group + ":" + strings.Join(names, ","),
 	}
+}
+
+// StreamPaused tells the team that an operator paused (paused) or resumed
+// billing from a stream: one alert per change, from whoever made it.
+func StreamPaused(stream, group string, paused bool, by, reason string) Alert {
+	title, text := "Billing paused on "+stream, fmt.Sprintf("%s paused billing from %s (group %s): no consumer or re-drive of it calls Stripe until "+
+		"`pelguard-consumer resume --stream %s --group %s --reason ...`. Events wait pending; past 23 h, one of unknown outcome is parked on resume; past 35 days, usage can no longer be sent.",
+		by, code(stream), code(group), stream, group)
+	if !paused {
+		title, text = "Billing resumed on "+stream, fmt.Sprintf("%s resumed billing from %s (group %s).", by, code(stream), code(group))
+	}
+	return Alert{Kind: KindStreamPaused, Title: title, Text: text,
+		Fields:      []Field{{Label: "By", Value: by}, {Label: "Reason", Value: reason}},
+		Fingerprint: fmt.Sprintf("stream_paused:%s:%s:%t", stream, group, paused)}
 }

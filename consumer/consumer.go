@@ -124,6 +124,13 @@ type Config struct {
 	// the ledger is trusted as it is.
 	Witness LedgerWitness
 
+	// Paused, when set, reports an operator's pause of the stream's
+	// billing (pelguard's binaries: internal/streamfacts's Watcher). While
+	// it says true the consumer reads nothing new, starts no event (one it
+	// read is given back: pending, no lease) and skips its follow-ups;
+	// a Stripe call already made finishes and is recorded.
+	Paused func() bool
+
 	// Test holds hooks for tests and the drill; production leaves it zero.
 	Test TestConfig
 
@@ -337,8 +344,11 @@ func (c *Consumer) run(readCtx, workCtx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				if readCtx.Err() != nil {
-					c.giveBack(workCtx, j) // queued, not started, when the stop came
+				if readCtx.Err() != nil || c.paused() {
+					// Queued, not started, when the stop or a pause came: it
+					// stays pending without a lease (for the reaper once
+					// billing resumes), never sent.
+					c.giveBack(workCtx, j)
 					continue
 				}
 				c.handle(j)
@@ -371,6 +381,9 @@ func (c *Consumer) followUpLoop(readCtx, workCtx context.Context) {
 			return
 		case <-t.C:
 		}
+		if c.paused() {
+			continue // money in motion waits with the stream: nothing sent while paused
+		}
 		res, err := c.proc.FollowUp(workCtx)
 		switch {
 		case err != nil && workCtx.Err() == nil:
@@ -387,6 +400,11 @@ func (c *Consumer) FollowUp(ctx context.Context) (FollowUpResult, error) { retur
 
 // settleGroupMax bounds one settled group (and the charges queued for it).
 const settleGroupMax = 256
+
+// pausePoll is how often a paused consumer looks whether it was resumed.
+const pausePoll = 250 * time.Millisecond
+
+func (c *Consumer) paused() bool { return c.cfg.Paused != nil && c.cfg.Paused() }
 
 func (c *Consumer) handle(j job) {
 	// Outcomes are logged and counted inside; the hold is let go once the
@@ -419,6 +437,14 @@ func (c *Consumer) readLoop(readCtx, workCtx context.Context, jobs chan<- job) e
 	}
 	backoff := 100 * time.Millisecond
 	for readCtx.Err() == nil {
+		if c.paused() {
+			select {
+			case <-readCtx.Done():
+				return readCtx.Err()
+			case <-time.After(pausePoll):
+			}
+			continue
+		}
 		sent := time.Now()
 		res, err := c.cfg.Redis.XReadGroup(readCtx, &redis.XReadGroupArgs{
 			Group: c.cfg.Group, Consumer: c.cfg.Name, Streams: []string{c.cfg.Stream, cursor},

@@ -98,6 +98,37 @@ func TestConflictingEventDeadLettered(t *testing.T) {
 	}
 }
 
+// The same event under another namespace (a role started with the wrong
+// --namespace) conflicts with its own row: the dead letter's detail names
+// the namespace, not two identical charges.
+func TestConflictDetailNamesTheNamespace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	e := ev(1)
+	b.add(t, e)
+	first := b.config(t, "")
+	first.Namespace = "" // the default
+	c := start(t, first)
+	testenv.Eventually(t, 10*time.Second, func() bool { return b.status(e) == ledger.StatusCharged }, "charged")
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(t, "other")
+	cfg.Namespace = "prod"
+	b.add(t, e)
+	start(t, cfg)
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(deadLetters(t, b)) == 1 && b.pending(t) == 0 }, "dead-lettered")
+	dl := deadLetters(t, b)[0].Values
+	detail, _ := dl["detail"].(string)
+	if dl["reason"] != consumer.ReasonConflict || !strings.Contains(detail, `keyed under namespace "pelguard"`) ||
+		!strings.Contains(detail, `--namespace "prod"`) {
+		t.Fatalf("dead letter %v", dl)
+	}
+	if n := b.charges(e); n != 1 {
+		t.Fatalf("%d charges", n)
+	}
+}
+
 // A spend cap is never passed: the event that would pass it is not charged
 // but dead-lettered with reason spend_cap, replayable once the cap is raised.
 func TestSpendCapDeadLetters(t *testing.T) {

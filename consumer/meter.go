@@ -60,6 +60,10 @@ type MeterConfig struct {
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
 	Witness    LedgerWitness // see Config.Witness
+	// Paused: see Config.Paused. A paused meter consumer reads nothing and
+	// sends nothing; a batch read before the pause stays pending (its own
+	// PEL, read again on resume).
+	Paused func() bool
 	// Metrics counts outcomes (pelguard_consumer_events_total with the
 	// meter outcomes), Stripe calls, in-flight events and dead letters;
 	// optional.
@@ -161,6 +165,11 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 	own := "0"
 	lastOwn, maintained := time.Now(), time.Time{}
 	for ctx.Err() == nil {
+		if c.cfg.Paused != nil && c.cfg.Paused() {
+			sleep(ctx, pausePoll)
+			own = "0" // on resume, what was left pending first
+			continue
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -201,7 +210,10 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				if _, err := c.ProcessBatch(ctx, msgs); err != nil && ctx.Err() == nil {
+				if c.cfg.Paused != nil && c.cfg.Paused() {
+					// Read just before the pause: left pending, ours, read
+					// again on resume.
+				} else if _, err := c.ProcessBatch(ctx, msgs); err != nil && ctx.Err() == nil {
 					c.cfg.Logger.Warn("processing meter events", "stream", c.cfg.Stream, "err", err)
 					sleep(ctx, time.Second)
 				}

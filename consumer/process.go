@@ -187,11 +187,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 		// entry; once they finish, the reaper acks it from the ledger.
 		return OutcomeBusy, nil
 	case ledger.Conflict:
-		r := claim.Record
-		return p.deadLetter(ctx, h.stream, msg, ReasonConflict, fmt.Sprintf(
-			"the ledger already has %s for %s/%s with %d %s for %s; this event says %d %s for %s",
-			r.Status, r.CustomerID, r.BillingPeriod, r.AmountCents, r.Currency, r.StripeCustomerID,
-			ev.AmountCents, ev.Currency, ev.StripeCustomerID), OutcomeDeadLetter)
+		return p.deadLetter(ctx, h.stream, msg, ReasonConflict, conflictDetail(claim.Record, ev, p.cfg.Namespace), OutcomeDeadLetter)
 	}
 
 	rec := claim.Record
@@ -551,4 +547,24 @@ const writeTimeout = 15 * time.Second
 
 func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+}
+
+// conflictDetail says why the ledger's row r and the event ev conflict. The
+// same customer, amount and currency under another key can only be another
+// namespace: say so, or the detail names two identical charges.
+func conflictDetail(r ledger.Record, ev event.Event, namespace string) string {
+	if r.StripeCustomerID == ev.StripeCustomerID && r.AmountCents == ev.AmountCents && r.Currency == ev.Currency &&
+		r.IdempotencyKey != ev.Key(namespace) {
+		other := "another namespace"
+		if namespace != DefaultNamespace && r.IdempotencyKey == ev.Key(DefaultNamespace) {
+			other = fmt.Sprintf("namespace %q (the default)", DefaultNamespace)
+		}
+		return fmt.Sprintf("the ledger already has %s for %s/%s with the same %d %s for %s, keyed under %s; "+
+			"this process runs with --namespace %q: every role of the stream must run with the stream's namespace "+
+			"(`pelguard-consumer namespace show`), then replay this dead letter",
+			r.Status, r.CustomerID, r.BillingPeriod, r.AmountCents, r.Currency, r.StripeCustomerID, other, namespace)
+	}
+	return fmt.Sprintf("the ledger already has %s for %s/%s with %d %s for %s; this event says %d %s for %s",
+		r.Status, r.CustomerID, r.BillingPeriod, r.AmountCents, r.Currency, r.StripeCustomerID,
+		ev.AmountCents, ev.Currency, ev.StripeCustomerID)
 }

@@ -179,6 +179,9 @@ func (r *Reaper) claim(ctx, workCtx context.Context, st *streamState, e *entry, 
 		r.record(p, d)
 		return nil
 	}
+	if r.paused(st.StreamGroup) {
+		return nil // paused during the pass: left for the resume
+	}
 	// Take the slot before claiming: a claimed entry waiting for a worker
 	// would sit unheld, and its idle time would run towards another claim.
 	select {

@@ -165,6 +165,9 @@ func (r *Reaper) reapMeterStream(ctx, workCtx context.Context, ms *meterStream, 
 // every entry, and acts: one XACK, fenced dead letters, one fenced XCLAIM
 // for the claims, then their re-drive.
 func (r *Reaper) meterPage(ctx, workCtx context.Context, ms *meterStream, pend []redis.XPendingExt, p *pass, wg *sync.WaitGroup) error {
+	if r.paused(ms.StreamGroup) {
+		return nil // paused during the pass: left for the resume
+	}
 	now := r.cfg.Clock.Now()
 	entries := make([]*entry, 0, len(pend))
 	for _, pe := range pend {

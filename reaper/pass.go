@@ -56,6 +56,10 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 		if err := r.detectLoss(ctx, st); err != nil {
 			errs = append(errs, fmt.Errorf("detecting lost entries of %s: %w", st, err))
 		}
+		if r.paused(st.StreamGroup) {
+			r.cfg.Logger.DebugContext(ctx, "reaper: billing paused; stream left alone", "stream", st.Stream, "group", st.Group)
+			continue
+		}
 		if err := r.reapStream(ctx, workCtx, st, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping %s: %w", st, err))
 		}
@@ -67,6 +71,10 @@ func (r *Reaper) runOnce(ctx, workCtx context.Context, wg *sync.WaitGroup) (Pass
 	for _, ms := range r.meters {
 		if err := r.detectLoss(ctx, ms.streamState); err != nil {
 			errs = append(errs, fmt.Errorf("detecting lost entries of %s: %w", ms, err))
+		}
+		if r.paused(ms.StreamGroup) {
+			r.cfg.Logger.DebugContext(ctx, "reaper: billing paused; meter stream left alone", "stream", ms.Stream, "group", ms.Group)
+			continue
 		}
 		if err := r.reapMeterStream(ctx, workCtx, ms, p, wg); err != nil {
 			errs = append(errs, fmt.Errorf("reaping meter stream %s: %w", ms, err))

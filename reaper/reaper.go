@@ -108,6 +108,11 @@ type Config struct {
 	// Witness is the process's ledger witness, given to the re-drives
 	// (consumer.Config.Witness).
 	Witness consumer.LedgerWitness
+	// Paused, when set, reports an operator's pause of a stream's billing
+	// (internal/streamfacts's Watcher). A paused stream is not reaped:
+	// nothing claimed, re-driven, acked or dead-lettered; its pending
+	// entries (a paused consumer's included) wait for the resume.
+	Paused func(stream, group string) bool
 	// DB reaches pelguard's ledger; required.
 	DB *pgxpool.Pool
 	// Schema holds pelguard's tables (default "pelguard"); it must match
@@ -518,4 +523,9 @@ func witnessed(l *ledger.Ledger, m consumer.LedgerWitness) *ledger.Ledger {
 		l.SetWitness(m)
 	}
 	return l
+}
+
+// paused reports whether the stream's billing is paused by an operator.
+func (r *Reaper) paused(sg StreamGroup) bool {
+	return r.cfg.Paused != nil && r.cfg.Paused(sg.Stream, sg.Group)
 }

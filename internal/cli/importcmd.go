@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
@@ -14,6 +15,7 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/importer"
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -88,6 +90,9 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	}
 	defer pool.Close()
 	cfg.DB, cfg.Schema, cfg.Stripe, cfg.Namespace, cfg.Logger, cfg.Progress = pool, schema, sc, namespace, logger, stderr
+	if err := importAgrees(ctx, pool, schema, stream, namespace); err != nil {
+		return Fail(stderr, name, err)
+	}
 	if stream != "" {
 		rdb, err := OpenRedis(ctx, redisURL)
 		if err != nil {
@@ -161,4 +166,23 @@ func printImport(w io.Writer, s importer.Summary) {
 	for _, p := range s.Conflicts {
 		fmt.Fprintf(w, "conflict: %s/%s %s: %s\n", p.CustomerID, p.BillingPeriod, p.ChargeID, p.Reason)
 	}
+}
+
+// importAgrees refuses an import under another namespace than a charge
+// stream records (--stream's, or any when none is given): the rows it
+// writes would carry keys the fleet never computes, and each of their
+// events would be dead-lettered conflicting_event.
+func importAgrees(ctx context.Context, pool *pgxpool.Pool, schema, stream, namespace string) error {
+	facts, err := streamfacts.List(ctx, pool, schema)
+	if err != nil {
+		return redact.Error(err)
+	}
+	for _, f := range facts {
+		if f.Stream.Kind != streamfacts.Charges || (stream != "" && f.Stream.Name != stream) || f.Namespace == namespace {
+			continue
+		}
+		return Usagef("%v", &streamfacts.MismatchError{Stream: f.Stream, Recorded: f.Namespace, Given: namespace,
+			RecordedBy: f.RecordedBy, RecordedAt: f.RecordedAt})
+	}
+	return nil
 }

@@ -10,7 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/internal/redact"
 	"github.com/pelguard/pelguard/internal/rollback"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 )
 
 // Startup is how the consumer, the reaper and the webhook receiver come up: /metrics, /healthz
@@ -31,6 +33,13 @@ type Startup struct {
 	ClockLimit time.Duration
 	ClockWhat  string
 	Logger     *slog.Logger
+	// Agreement is checked once the schema is: a role whose namespace is
+	// not its streams' does not start.
+	Agreement Agreement
+	// Pauses, when set, is read once before the service starts (a
+	// consumer started while its stream is paused reads nothing), then
+	// every second until ctx ends.
+	Pauses *streamfacts.Watcher
 	// Rollback, when set, starts watching the ledger for a rollback once
 	// the schema is checked (NewRollback).
 	Rollback *rollback.Monitor
@@ -65,8 +74,17 @@ func (s Startup) Run(ctx context.Context, stderr io.Writer) (ops *Ops, started *
 	if err := CheckSchema(ctx, s.Prog, s.Pool, s.Schema); err != nil {
 		return fail(err)
 	}
+	if err := s.Agreement.Check(ctx, s.Pool, s.Redis, s.Schema); err != nil {
+		return fail(err)
+	}
 	if err := CheckClock(ctx, s.Pool, s.ClockLimit, s.ClockWhat); err != nil {
 		return fail(err)
+	}
+	if s.Pauses != nil {
+		if err := s.Pauses.Refresh(ctx); err != nil {
+			return fail(redact.Error(err))
+		}
+		go s.Pauses.Run(ctx)
 	}
 	ReportDurability(ctx, s.Pool, s.Logger, s.Registry)
 	if s.Rollback != nil {

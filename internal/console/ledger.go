@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pelguard/pelguard/internal/redact"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 )
 
 // The Ledger page and the banner (issue 26): a ledger that went back in time
@@ -164,4 +165,17 @@ func (s *Server) banner(ctx context.Context) *openRollback {
 		return nil
 	}
 	return o
+}
+
+// pausedBanner lists the streams whose billing an operator paused
+// (pelguard-consumer pause): every page says so while one is.
+func (s *Server) pausedBanner(ctx context.Context) []streamfacts.Pause {
+	ps, err := streamfacts.Pauses(ctx, s.cfg.DB, s.db.Schema())
+	if err != nil {
+		if !missingTable(err) && ctx.Err() == nil {
+			s.log.Warn("reading the paused streams for the banner", "error", err)
+		}
+		return nil
+	}
+	return ps
 }

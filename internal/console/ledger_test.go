@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pelguard/pelguard/internal/streamfacts"
 )
 
 // rollback inserts a ledger_rollbacks row as the rollback package writes
@@ -229,5 +231,37 @@ func TestSpan(t *testing.T) {
 		if got := span(d); got != want {
 			t.Errorf("span(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+var pausedRe = regexp.MustCompile(`(?s)<p class="banner" id="paused-banner">(.*?)</p>`)
+
+// A paused stream (pelguard-consumer pause) is named on every page, with
+// who paused it, why and the command that resumes it; no banner once
+// resumed.
+func TestEveryPageShowsAPausedStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	c := b.login(t, "alice")
+	if m := pausedRe.FindStringSubmatch(c.mustGet("/")); m != nil {
+		t.Fatalf("a banner with nothing paused: %s", m[1])
+	}
+	schema := b.pool.Schema()
+	if err := streamfacts.SetPaused(ctx, b.cfg.DB, schema, "billing-stream", "billing-group", true, "oncall", "Stripe incident"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range bannerPages {
+		m := pausedRe.FindStringSubmatch(c.mustGet(p))
+		if m == nil || !strings.Contains(m[1], "billing-stream") || !strings.Contains(m[1], "oncall") ||
+			!strings.Contains(m[1], "Stripe incident") || !strings.Contains(m[1], "pelguard-consumer resume --stream billing-stream") {
+			t.Fatalf("%s: paused banner %q", p, m)
+		}
+	}
+	if err := streamfacts.SetPaused(ctx, b.cfg.DB, schema, "billing-stream", "billing-group", false, "oncall", "recovered"); err != nil {
+		t.Fatal(err)
+	}
+	if m := pausedRe.FindStringSubmatch(c.mustGet("/")); m != nil {
+		t.Fatalf("a banner after the resume: %s", m[1])
 	}
 }

@@ -76,6 +76,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, page
 	}
 	if data["Me"].(identity).User != "" {
 		data["Rollback"] = s.banner(r.Context())
+		data["Paused"] = s.pausedBanner(r.Context())
 	}
 	var b strings.Builder
 	if err := s.pages[page].ExecuteTemplate(&b, "layout.html", data); err != nil {

@@ -312,6 +312,13 @@ func (o *ServeOptions) serve(ctx context.Context, stderr io.Writer) error {
 	if err := cli.CheckSchema(ctx, prog, pool, o.Schema); err != nil {
 		return err
 	}
+	// The PEL page's verdicts compute keys and identifiers: with another
+	// namespace than the streams' it would show "no row → claim" for
+	// delivered events. The console only reads: it records nothing.
+	agree := cli.Agreement{Namespace: o.Live.Namespace, Streams: append(cli.ChargeStreams(o.streams), cli.UsageStreams(o.meterStreams)...)}
+	if err := agree.Check(ctx, pool, rdb, o.Schema); err != nil {
+		return err
+	}
 	cli.ReportDurability(ctx, pool, logger, nil)
 	if err := mon.Start(ctx, pool); err != nil {
 		logger.Warn("checking the ledger for a rollback at start", "err", err)

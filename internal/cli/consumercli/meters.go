@@ -121,55 +121,33 @@ func meterCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	const role = "meter-events"
-	logger, err := o.Log.Logger(stderr)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	cli.RouteLibraryLogs(logger)
-	reg := cli.NewRegistry(role)
-	notifier, err := o.Slack.Notifier(logger, reg)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer closeNotifier(notifier)
-	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer rdb.Close()
-	sc, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleBilling, Redis: rdb, Registerer: reg})
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, len(o.streams)*2+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	mon, err := cli.NewRollback("consumer", o.Name, o.Schema, rdb, notifier, logger, reg)
+	rp, err := cli.BuildRole(ctx, stderr, cli.Role{Metrics: role, Witness: "consumer", Name: o.Name, Schema: o.Schema,
+		RedisURL: o.RedisURL, DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Stripe: &o.Stripe, Share: stripelimit.RoleBilling, Conns: conns})
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer pool.Close()
-	defer mon.Close() // before the pool closes
+	defer rp.Close()
+	logger, mon, pool, rdb, pauses := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Pauses
 	var cs []*consumer.MeterConsumer
-	metrics := consumer.NewMetrics(reg)
+	metrics := consumer.NewMetrics(rp.Registry)
 	for _, sg := range o.streams {
-		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
+		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
 			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
-			Metrics: metrics, Notifier: notifier, Logger: logger})
+			Metrics: metrics, Notifier: rp.Notifier, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}
 		cs = append(cs, c)
 	}
-	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
-		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: rp.Registry, Redis: rdb, Pool: pool,
+		Deps: rp.Deps, Wait: o.WaitForDeps, Schema: o.Schema,
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
+		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.UsageStreams(o.streams), Record: true, By: mon.Writer()}, Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

@@ -63,7 +63,7 @@ func TestMeterEventsCommand(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, _ := rdb.XLen(context.Background(), stream+":dead").Result()
 		return sim.MeterEventCounts().Recorded == 30 && n == 1
-	}, "meter events not all sent (%+v)", sim.MeterEventCounts())
+	}, "meter events not all sent (%+v): %s", sim.MeterEventCounts(), &errb)
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())

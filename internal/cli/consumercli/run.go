@@ -134,49 +134,20 @@ func runCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
 // waits), waits for Redis and Postgres, checks the schema and the clock,
 // and consumes until ctx ends.
 func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
-	logger, err := o.Log.Logger(stderr)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	cli.RouteLibraryLogs(logger)
-	stopTracing, err := cli.Tracing(ctx, role)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer stopTracing()
-	reg := cli.NewRegistry(role)
-	metrics := consumer.NewMetrics(reg)
-	notifier, err := o.Slack.Notifier(logger, reg)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer closeNotifier(notifier)
-	dl := alerts.NewDeadLetterAggregator(notifier, o.DeadLetterAlertInterval, nil)
-	defer func() { _ = dl.Stop(context.Background()) }()
-
-	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer rdb.Close()
-	sc, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleBilling, Redis: rdb, Registerer: reg})
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, len(o.streams)*o.Workers*2+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	mon, err := cli.NewRollback(role, o.Name, o.Schema, rdb, notifier, logger, reg)
+	rp, err := cli.BuildRole(ctx, stderr, cli.Role{Metrics: role, Witness: role, Trace: role, Name: o.Name, Schema: o.Schema,
+		RedisURL: o.RedisURL, DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Stripe: &o.Stripe, Share: stripelimit.RoleBilling, Conns: conns})
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer pool.Close()
-	defer mon.Close() // before the pool closes
+	defer rp.Close()
+	logger, mon, pool, rdb, sc, notifier, reg, pauses := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Stripe, rp.Notifier, rp.Registry, rp.Pauses
+	metrics := consumer.NewMetrics(reg)
+	dl := alerts.NewDeadLetterAggregator(notifier, o.DeadLetterAlertInterval, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
 	base := o.config()
 	base.Redis, base.DB, base.Stripe, base.Witness = rdb, pool, sc, mon
 	mon.SetRepair(cli.LedgerRepair(pool, o.Schema, sc, rdb, o.Namespace, base.Description, !o.ChargeMetadata, mon.Writer(), logger))
@@ -184,7 +155,7 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	cs := make([]*consumer.Consumer, len(o.streams))
 	for i, sg := range o.streams {
 		cfg := base
-		cfg.Stream, cfg.Group = sg.Stream, sg.Group
+		cfg.Stream, cfg.Group, cfg.Paused = sg.Stream, sg.Group, pauses.Func(sg.Stream, sg.Group)
 		if i > 0 {
 			// The ledger follow-up is ledger-wide, not per stream: one
 			// loop per process (the first consumer's) does it all.
@@ -195,8 +166,9 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 		}
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
-		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+		Deps: rp.Deps, Wait: o.WaitForDeps, Schema: o.Schema,
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
+		Agreement: cli.Agreement{Namespace: o.Namespace, Streams: cli.ChargeStreams(o.streams), Record: true, By: mon.Writer()}, Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}

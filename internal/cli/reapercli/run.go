@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/streamfacts"
 	"github.com/pelguard/pelguard/reaper"
 	"github.com/pelguard/pelguard/stripeapi"
 	"github.com/pelguard/pelguard/stripelimit"
@@ -208,50 +208,25 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // Redis and Postgres, checks the schema and the clock, then runs one pass
 // (--once) or passes until ctx ends.
 func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
-	logger, err := o.Log.Logger(stderr)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	cli.RouteLibraryLogs(logger)
-	stopTracing, err := cli.Tracing(ctx, role)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer stopTracing()
-	reg := cli.NewRegistry(role)
-	notifier, err := o.Slack.Notifier(logger, reg)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer closeNotifier(notifier)
-
-	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
-	}
-	defer rdb.Close()
-	var sc consumer.Stripe
-	if !o.DryRun {
-		c, err := o.Stripe.Client(logger, nil, cli.Share{Role: stripelimit.RoleRedrive, Redis: rdb, Registerer: reg})
-		if err != nil {
-			return cli.Fail(stderr, prog, err)
-		}
-		sc = c
-	}
 	conns, err := cli.MaxDBConns(o.MaxDBConns, o.Workers+o.PageWorkers*len(o.streams)+4)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	mon, err := cli.NewRollback("reaper", o.Name, o.Schema, rdb, notifier, logger, reg)
+	spec := cli.Role{Metrics: role, Witness: role, Trace: role, Name: o.Name, Schema: o.Schema, RedisURL: o.RedisURL,
+		DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Share: stripelimit.RoleRedrive, Conns: conns}
+	if !o.DryRun {
+		spec.Stripe = &o.Stripe // a dry run needs no key
+	}
+	rp, err := cli.BuildRole(ctx, stderr, spec)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	pool, pgDep, err := cli.NewDB(o.DatabaseURL, conns, mon.AfterConnect)
-	if err != nil {
-		return cli.Fail(stderr, prog, err)
+	defer rp.Close()
+	logger, mon, pool, rdb, notifier, reg := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Notifier, rp.Registry
+	var sc consumer.Stripe
+	if rp.Stripe != nil {
+		sc = rp.Stripe
 	}
-	defer pool.Close()
-	defer mon.Close() // before the pool closes
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
@@ -262,6 +237,8 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		mon.SetRepair(cli.LedgerRepair(pool, o.Schema, c, rdb, o.Namespace, cfg.Description, !o.ChargeMetadata, mon.Writer(), logger))
 	}
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
+	pauses := rp.Pauses
+	cfg.Paused = pauses.Paused
 	var printer *decisionPrinter
 	if o.DryRun {
 		printer = newDecisionPrinter(stdout, o.JSON)
@@ -272,8 +249,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 	}
 	ops, started, code, ok := cli.Startup{Prog: prog, MetricsAddr: o.MetricsAddr, Registry: reg, Redis: rdb, Pool: pool,
-		Deps: []cli.Dep{redisDep, pgDep}, Wait: o.WaitForDeps, Schema: o.Schema,
-		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon}.Run(ctx, stderr)
+		Deps: rp.Deps, Wait: o.WaitForDeps, Schema: o.Schema,
+		ClockLimit: o.Lease / 3, ClockWhat: "a third of --lease", Logger: logger, Rollback: mon,
+		Agreement: o.agreement(mon.Writer()), Pauses: pauses}.Run(ctx, stderr)
 	if !ok {
 		return code
 	}
@@ -310,6 +288,22 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	return cli.ExitOK
 }
 
+// agreement is the reaper's: its charge and meter streams run with its
+// --namespace. An external ledger's keys are the team's, not pelguard's:
+// nothing to agree on. A dry run records nothing.
+func (o *RunOptions) agreement(by string) cli.Agreement {
+	a := cli.Agreement{Namespace: o.Namespace, Record: !o.DryRun, By: by}
+	for _, sg := range o.meterStreams {
+		a.Streams = append(a.Streams, streamfacts.Stream{Name: sg.Stream, Group: sg.Group, Kind: streamfacts.Usage})
+	}
+	if o.ExternalLedger == "" {
+		for _, sg := range o.streams {
+			a.Streams = append(a.Streams, streamfacts.Stream{Name: sg.Stream, Group: sg.Group, Kind: streamfacts.Charges})
+		}
+	}
+	return a
+}
+
 // config is the reaper.Config the flags make, without the clients.
 func (o *RunOptions) config() reaper.Config {
 	// The flags' 0 means never; the library's 0 means its default.
@@ -334,10 +328,4 @@ func offIfZero(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
-}
-
-func closeNotifier(n alerts.Notifier) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = n.Close(ctx)
 }

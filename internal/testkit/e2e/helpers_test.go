@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	for _, b := range []string{"consumer", "reaper", "auditor"} {
+	for _, b := range []string{"consumer", "reaper", "auditor", "console"} {
 		out := filepath.Join(dir, b)
 		if msg, err := exec.Command("go", "build", "-o", out, "github.com/pelguard/pelguard/cmd/"+b).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", b, err, msg)

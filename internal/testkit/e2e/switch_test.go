@@ -99,7 +99,8 @@ func TestSwitchingATeamByTheRunbook(t *testing.T) {
 	if sum.ImportedCharged != teamBilled || len(sum.Duplicates) != 1 {
 		t.Fatalf("import: %d charged rows and %d duplicates, want %d and 1:\n%s", sum.ImportedCharged, len(sum.Duplicates), teamBilled, imp)
 	}
-	dry := must(0, "reaper", "--dry-run", "--once", "--json", "--metrics-addr", "", "--min-idle", "1ms", "--stream", streamFlag)
+	dry := must(0, "reaper", "--dry-run", "--once", "--json", "--metrics-addr", "", "--min-idle", "1ms", "--stream", streamFlag,
+		"--namespace", teamsys.IdempotencyNamespace)
 	if !strings.Contains(dry, `"already_billed"`) || strings.Contains(dry, `"kind":"claim"`) {
 		t.Fatalf("the dry run must show the killed consumers' entries already_billed and claim none:\n%s", dry)
 	}
