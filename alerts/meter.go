@@ -1,6 +1,10 @@
 package alerts
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/pelguard/pelguard/internal/cmdname"
+)
 
 // KindMeterEventParked: a meter event whose outcome is unknown (or that
 // Stripe answered in a way pelguard cannot settle) is not re-sent: Stripe
@@ -30,7 +34,7 @@ func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used i
 		Kind:  KindSpendCap,
 		Title: fmt.Sprintf("Meter cap reached: %s of %s in %s", eventName, stripeCustomerID, month),
 		Text: fmt.Sprintf("A meter event of value %d for %s was *not sent*: it would pass the cap. "+
-			"It is dead-lettered with reason `spend_cap`; raise the cap (`consumer meter-cap set`), then `consumer replay --stream %s --reason spend_cap`.",
+			"It is dead-lettered with reason `spend_cap`; raise the cap (`"+cmdname.Consumer+" meter-cap set`), then `"+cmdname.Consumer+" replay --stream %s --reason spend_cap`.",
 			value, code(stripeCustomerID), Escape(stream)),
 		Fields: []Field{
 			{Label: "Meter", Value: eventName},

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pelguard/pelguard/chaos"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 func main() {
@@ -57,7 +58,7 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 	var desc strings.Builder
 	desc.WriteString("Runs each charge scenario twice, with the seed's naive consumer and XAUTOCLAIM monitor and with\n" +
 		"pelguard (consumer + reaper), then the auditor over each (--legacy for the naive charges) and\n" +
-		"`auditor refund` over the naive one. Runs each usage scenario (meter events) three times: the\n" +
+		"`" + cmdname.Auditor + " refund` over the naive one. Runs each usage scenario (meter events) three times: the\n" +
 		"naive sender without an identifier, with one and no ledger, and pelguard's meter consumer,\n" +
 		"counting each customer's meter total at the emulator. Exit status: 0 the verdicts hold, 1 one\n" +
 		"does not, 2 error.\n\nScenarios:\n")
