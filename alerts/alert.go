@@ -47,7 +47,8 @@ const (
 	// summary).
 	KindAuditFinding Kind = "audit_finding"
 	// KindDeadLetters: entries went to <stream>:dead in the last interval,
-	// counted by reason.
+	// counted by reason; from every role that dead-letters (consumer run,
+	// consumer meter-events, the reaper), one alert per stream and interval.
 	KindDeadLetters Kind = "dead_letters"
 	// KindSpendCap: a charge was not made because it would pass the
 	// period's spend cap; the event is dead-lettered for replay.
@@ -307,8 +308,8 @@ func DeadLetters(d DeadLetterInput) Alert {
 	return Alert{
 		Kind:  KindDeadLetters,
 		Title: fmt.Sprintf("%d event%s dead-lettered on %s", total, plural(total), d.Stream),
-		Text: fmt.Sprintf("Dead-letter stream %s. Nothing was charged for these events; "+
-			"fix the cause, then replay them (`"+cmdname.Consumer+" replay --reason REASON`).", code(d.Stream+":dead")),
+		Text: fmt.Sprintf("Dead-letter stream %s. Nothing was charged or counted for these events; "+
+			"fix the cause, then replay them (`"+cmdname.Consumer+" replay --stream %s --reason REASON`).", code(d.Stream+":dead"), d.Stream),
 		Fields:      fields,
 		ItemsTitle:  "Examples",
 		Items:       items,

@@ -63,8 +63,11 @@ type MeterConfig struct {
 	// optional.
 	Metrics  *Metrics
 	Notifier alerts.Notifier
-	Logger   *slog.Logger
-	Clock    clock.Clock
+	// DeadLetters, optional, turns dead letters into one alert per stream
+	// and interval: the same path as the billing consumer's.
+	DeadLetters *alerts.DeadLetterAggregator
+	Logger      *slog.Logger
+	Clock       clock.Clock
 }
 
 func (c *MeterConfig) setDefaults() {
@@ -530,6 +533,9 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 			}
 			b.DeadLetters++
 			c.cfg.Metrics.deadLetter(c.cfg.Stream, dead[i].Reason)
+			if c.cfg.DeadLetters != nil {
+				c.cfg.DeadLetters.Add(c.cfg.Stream, dead[i].Reason, dead[i].Msg.ID, CustomerOf(dead[i].Msg))
+			}
 		}
 	}
 	return nil

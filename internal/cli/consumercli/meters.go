@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
@@ -132,6 +133,10 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer closeNotifier(notifier)
+	// The billing consumer's dead-letter alerts, per stream and minute:
+	// an event refused or malformed is seen outside Prometheus too.
+	dl := alerts.NewDeadLetterAggregator(notifier, time.Minute, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
 	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
@@ -161,7 +166,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: sc,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
 			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
-			Metrics: metrics, Notifier: notifier, Logger: logger})
+			Metrics: metrics, Notifier: notifier, DeadLetters: dl, Logger: logger})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}

@@ -211,6 +211,10 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer closeNotifier(notifier)
+	// What the reaper dead-letters alerts as the consumers' do: one alert
+	// per stream and minute.
+	dl := alerts.NewDeadLetterAggregator(notifier, time.Minute, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
 
 	rdb, redisDep, err := cli.NewRedis(o.RedisURL)
 	if err != nil {
@@ -242,6 +246,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
+	if !o.DryRun {
+		cfg.DeadLetters = dl
+	}
 	if ms, ok := sc.(consumer.MeterSender); ok && len(cfg.MeterStreams) > 0 {
 		cfg.MeterStripe = ms
 	}
