@@ -46,3 +46,28 @@ func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used i
 		Fingerprint: "spend_cap:meter:" + eventName + ":" + stripeCustomerID + ":" + month,
 	}
 }
+
+// KindMeterMissing: Stripe has no active meter for a usage event's
+// event_name, so every such event is refused and dead-lettered
+// (meter_event_refused) until the meter exists. Sent once per event name
+// and process, at the first refusal.
+const KindMeterMissing Kind = "meter_missing"
+
+// MeterMissing reports the first event refused for want of a meter: which
+// event name, how to create the meter (at Stripe and in the emulator, the
+// same API call) and how to replay what was refused meanwhile.
+func MeterMissing(eventName, stream string) Alert {
+	return Alert{
+		Kind:  KindMeterMissing,
+		Title: "No Stripe meter for event name " + eventName,
+		Text: fmt.Sprintf("Stripe has no active meter for event_name %s: every %s event on %s is refused and "+
+			"dead-lettered (reason `meter_event_refused`), nothing is counted, until the meter exists.\n"+
+			"Create it in Stripe's Dashboard (Billing → Meters → Create meter, event name %s), or with the API, "+
+			"which the emulator (stripesim) answers too: "+
+			"`curl $STRIPE_API_BASE/v1/billing/meters -u $STRIPE_API_KEY: -d display_name=%s -d event_name=%s -d 'default_aggregation[formula]=sum'`.\n"+
+			"Then replay the refused events: `"+cmdname.Consumer+" replay --stream %s --reason meter_event_refused`.",
+			code(eventName), Escape(eventName), code(stream), code(eventName), eventName, eventName, stream),
+		Fields:      []Field{{Label: "Event name", Value: eventName}, {Label: "Stream", Value: stream}},
+		Fingerprint: "meter_missing:" + eventName,
+	}
+}

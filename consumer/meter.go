@@ -17,6 +17,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -94,6 +95,8 @@ func (c *MeterConfig) setDefaults() {
 type MeterConsumer struct {
 	cfg    MeterConfig
 	ledger *meterledger.Ledger
+	// missingMeters are the event names sayMeterMissing has told of.
+	missingMeters sync.Map
 }
 
 // NewMeterConsumer checks cfg and returns a consumer; Run drives it.
@@ -262,6 +265,8 @@ type pendingMsg struct {
 	// keyErr: Stripe refused the key itself (401, or 403 for a missing
 	// permission); out is Failed, so a replay reopens the row.
 	keyErr error
+	// missingMeter: Stripe has no active meter for the event's name.
+	missingMeter bool
 }
 
 // ProcessBatch handles entries of the stream (new, redelivered or
@@ -401,6 +406,9 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case it.out.Result == meterledger.Failed:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
 			c.count(&b, it.msg.ID, OutcomeFailed)
+			if it.missingMeter {
+				c.sayMeterMissing(it.req.Event.EventName)
+			}
 		case it.out.Result == meterledger.Park:
 			b.Parked++
 			c.alertParked(it.req, it.out.Reason)
@@ -448,6 +456,7 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 			if errors.Is(err, stripeapi.ErrAuthentication) || errors.Is(err, stripeapi.ErrPermission) {
 				it.keyErr = err
 			}
+			it.missingMeter = stripeapi.IsMissingMeter(err)
 			if it.out.Result == meterledger.Release && !rateLimited(err) {
 				// Sent again on its next delivery; say why, or a bad key
 				// or a Stripe outage looks like a stalled stream.
@@ -539,6 +548,21 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 		}
 	}
 	return nil
+}
+
+// sayMeterMissing tells, once per event name and process, that Stripe has
+// no meter for it: one error log line and one meter_missing alert saying
+// how to create the meter and replay, instead of a dead letter per event
+// and nothing else. Later refusals are dead letters (and their alert).
+func (c *MeterConsumer) sayMeterMissing(eventName string) {
+	if _, told := c.missingMeters.LoadOrStore(eventName, true); told {
+		return
+	}
+	c.cfg.Logger.Error("no Stripe meter for this event name: its events are dead-lettered (meter_event_refused) until the meter exists",
+		"event_name", eventName, "stream", c.cfg.Stream,
+		"create", "Stripe Dashboard → Billing → Meters, or POST /v1/billing/meters (event_name="+eventName+", default_aggregation[formula]=sum), which stripesim answers too",
+		"replay", cmdname.Consumer+" replay --stream "+c.cfg.Stream+" --reason "+ReasonMeterRefused)
+	c.cfg.Notifier.Notify(alerts.MeterMissing(eventName, c.cfg.Stream))
 }
 
 func (c *MeterConsumer) alertParked(r meterledger.Request, reason string) {
