@@ -6,6 +6,7 @@ package auditorcli
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"github.com/pelguard/pelguard/internal/cli"
@@ -24,8 +25,18 @@ const (
 // 1 open findings (cli.ExitFindings), 2 error, 3 Postgres unreachable after
 // --wait-for-deps. Cancelling ctx is SIGTERM: a scheduled auditor waits for
 // the run in progress, up to --shutdown-timeout.
+//
+// With no argument at all it audits nothing: an audit reads Stripe and may
+// alert, so it is asked for by name (`pelguard-auditor run`); it prints
+// the commands and exits 2. Flags alone (`pelguard-auditor --period P`)
+// still run the default command, as the units written so far do.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return program().Main(ctx, args, stdout, stderr)
+	p := program()
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "%s: no command given: '%s run' audits since the last checkpoint.\n%s\n", prog, prog, p.CommandList())
+		return cli.ExitError
+	}
+	return p.Main(ctx, args, stdout, stderr)
 }
 
 // program is a function, not a variable: run's --help lists the commands.
