@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/pelguard/pelguard/chaos"
@@ -114,7 +115,11 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 			if err := writeHTML(htmlFile, rep); err != nil {
 				return cli.Fail(stderr, "chaos", err)
 			}
-			fmt.Fprintf(stderr, "chaos: wrote %s\n", htmlFile)
+			where := htmlFile
+			if abs, err := filepath.Abs(htmlFile); err == nil {
+				where = abs
+			}
+			fmt.Fprintf(stderr, "chaos: the HTML report (chart, table, each scenario explained): %s\n", where)
 		}
 	}
 	if rep.Incomplete() {

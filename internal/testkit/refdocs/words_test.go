@@ -2,6 +2,8 @@ package refdocs
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -32,6 +34,12 @@ func TestUserWordsSpeakToOperators(t *testing.T) {
 		t.Fatal(err)
 	}
 	texts = append(texts, text{where: "the drill's HTML report", body: page.String()})
+	// `make help` prints the Makefile's ## lines.
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts = append(texts, text{where: "Makefile", body: string(mk)})
 	for _, tx := range texts {
 		for _, m := range historyWords.FindAllStringIndex(tx.body, -1) {
 			from, to := max(0, m[0]-40), min(len(tx.body), m[1]+40)
