@@ -116,8 +116,10 @@ test: tools deploy-check ## Run every test with -race against real Redis and Pos
 bench: tools ## Run the benchmarks (BENCHCOUNT runs each; compare medians)
 	$(SERVICES) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout 60m $(PKGS)
 
-demo: ## Run the drill: the seed's three failure modes, naive vs pelguard
-	$(SERVICES) $(GO) run ./cmd/chaos $(ARGS)
+DEMO_HTML ?= bin/drill-report.html
+demo: ## Run the drill: three failure modes, a naive consumer vs pelguard; writes the HTML report to $DEMO_HTML (bin/drill-report.html)
+	@mkdir -p $(dir $(DEMO_HTML))
+	$(SERVICES) $(GO) run ./cmd/chaos --html $(DEMO_HTML) $(ARGS)
 
 FUZZTIME ?= 60s
 fuzz: ## Fuzz the event parser, then every binary's start-up with malformed secrets (FUZZTIME each, 60s)

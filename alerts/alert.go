@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -46,7 +47,8 @@ const (
 	// summary).
 	KindAuditFinding Kind = "audit_finding"
 	// KindDeadLetters: entries went to <stream>:dead in the last interval,
-	// counted by reason.
+	// counted by reason; from every role that dead-letters (consumer run,
+	// consumer meter-events, the reaper), one alert per stream and interval.
 	KindDeadLetters Kind = "dead_letters"
 	// KindSpendCap: a charge was not made because it would pass the
 	// period's spend cap; the event is dead-lettered for replay.
@@ -309,8 +311,8 @@ func DeadLetters(d DeadLetterInput) Alert {
 	return Alert{
 		Kind:  KindDeadLetters,
 		Title: fmt.Sprintf("%d event%s dead-lettered on %s", total, plural(total), d.Stream),
-		Text: fmt.Sprintf("Dead-letter stream %s. Nothing was charged for these events; "+
-			"fix the cause, then replay them (`consumer replay --reason REASON`).", code(d.Stream+":dead")),
+		Text: fmt.Sprintf("Dead-letter stream %s. Nothing was charged or counted for these events; "+
+			"fix the cause, then replay them (`"+cmdname.Consumer+" replay --stream %s --reason REASON`).", code(d.Stream+":dead"), d.Stream),
 		Fields:      fields,
 		ItemsTitle:  "Examples",
 		Items:       items,
@@ -326,7 +328,7 @@ func SpendCapReached(period string, capCents, reservedCents, requestedCents int6
 		Kind:  KindSpendCap,
 		Title: "Spend cap reached for " + period,
 		Text: fmt.Sprintf("A charge of %s for customer %s was *not made*: it would pass the cap. "+
-			"The event is dead-lettered with reason `spend_cap`; raise the cap (`consumer cap set`), then `consumer replay --reason spend_cap`.",
+			"The event is dead-lettered with reason `spend_cap`; raise the cap (`"+cmdname.Consumer+" cap set`), then `"+cmdname.Consumer+" replay --reason spend_cap`.",
 			Money(requestedCents, ""), code(customerID)),
 		Fields: []Field{
 			{Label: "Period", Value: period},
@@ -399,7 +401,7 @@ func ChargeDeclined(d Decline) Alert {
 		Kind:  KindChargeDeclined,
 		Title: "Charge declined: customer not billed",
 		Text: fmt.Sprintf("Customer %s was *not billed* for %s: %s (%s, attempt %d); %s. "+
-			"Ask the customer for another payment method; once it is set, `consumer retry --customer %s --period %s` charges again under a new key.",
+			"Ask the customer for another payment method; once it is set, `"+cmdname.Consumer+" retry --customer %s --period %s` charges again under a new key.",
 			code(d.CustomerID), code(d.Period), why, code(cmp.Or(d.Code, "no code")), d.Attempt, next,
 			Escape(d.CustomerID), Escape(d.Period)),
 		Fields:      []Field{{Label: "Payment", Value: what}, {Label: "Code", Value: cmp.Or(d.Code, "none")}},
@@ -414,8 +416,8 @@ func ActionRequired(customerID, period, need string) Alert {
 		Kind:  KindActionRequired,
 		Title: "Charge needs the customer",
 		Text: fmt.Sprintf("Customer %s was *not billed* for %s: Stripe needs the customer first: %s\n"+
-			"Once the customer has done it, replay the event (`consumer replay --reason action_required`) "+
-			"or `consumer retry --customer %s --period %s`: it charges again under the next attempt's key.",
+			"Once the customer has done it, replay the event (`"+cmdname.Consumer+" replay --reason action_required`) "+
+			"or `"+cmdname.Consumer+" retry --customer %s --period %s`: it charges again under the next attempt's key.",
 			code(customerID), code(period), Escape(need), Escape(customerID), Escape(period)),
 		Fingerprint: "action_required:" + customerID + "\x00" + period,
 	}
@@ -453,7 +455,7 @@ func PermissionDenied(detail string) Alert {
 		Text: Escape(detail) + "\nGrant the permission on the restricted key in the Stripe dashboard " +
 			"(Developers → API keys → the key → Edit), or replace a revoked or mistyped key; calls that need it fail until then. " +
 			"Events refused meanwhile are in the dead-letter stream with reason " +
-			"`stripe_key_error`: once the key is fixed, `consumer replay --reason stripe_key_error`.",
+			"`stripe_key_error`: once the key is fixed, `" + cmdname.Consumer + " replay --reason stripe_key_error`.",
 		Fields:      fields,
 		Fingerprint: fp,
 	}
@@ -480,7 +482,7 @@ func StripeKeyRejected(err error) Alert {
 			"of the wrong account or mode. Every Stripe call fails until STRIPE_API_KEY holds a valid secret " +
 			"or restricted key (sk_live_…, rk_live_…; sk_test_… or rk_test_… in test mode): roll or copy it in the Stripe " +
 			"dashboard (Developers → API keys) and restart. Events refused meanwhile are in the dead-letter stream with " +
-			"reason `stripe_key_error`: once the key is fixed, `consumer replay --reason stripe_key_error`.",
+			"reason `stripe_key_error`: once the key is fixed, `" + cmdname.Consumer + " replay --reason stripe_key_error`.",
 		// One alert per dedupe interval for the key, whatever the
 		// request ids in the message.
 		Fingerprint: "stripe_key_invalid",
@@ -528,7 +530,7 @@ func UnregisteredConsumers(stream, group string, names []string, entries int) Al
 		Title: "Pending entries of consumers pelguard does not know",
 		Text: fmt.Sprintf("%d pending entries on %s/%s belong to consumers that never registered as pelguard consumers: %s. "+
 			"A consumer without a heartbeat looks the same dead as inside a slow Stripe call, so the reaper leaves them alone. "+
-			"Once they are stopped, restart the reaper with `--stopped-consumers %s`, or run `consumer import` for their billing periods.",
+			"Once they are stopped, restart the reaper with `--stopped-consumers %s`, or run `"+cmdname.Consumer+" import` for their billing periods.",
 			entries, Escape(stream), Escape(group), Escape(strings.Join(names, ", ")), Escape(strings.Join(names, ","))),
 		Fingerprint: "unregistered_consumers:" + stream + "/" + group + ":" + strings.Join(names, ","),
 	}

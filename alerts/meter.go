@@ -1,6 +1,10 @@
 package alerts
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/pelguard/pelguard/internal/cmdname"
+)
 
 // KindMeterEventParked: a meter event whose outcome is unknown (or that
 // Stripe answered in a way pelguard cannot settle) is not re-sent: Stripe
@@ -32,7 +36,7 @@ func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used i
 		Kind:  KindSpendCap,
 		Title: fmt.Sprintf("Meter cap reached: %s of %s in %s", eventName, stripeCustomerID, month),
 		Text: fmt.Sprintf("A meter event of value %d for %s was *not sent*: it would pass the cap. "+
-			"It is dead-lettered with reason `spend_cap`; raise the cap (`consumer meter-cap set`), then `consumer replay --stream %s --reason spend_cap`.",
+			"It is dead-lettered with reason `spend_cap`; raise the cap (`"+cmdname.Consumer+" meter-cap set`), then `"+cmdname.Consumer+" replay --stream %s --reason spend_cap`.",
 			value, code(stripeCustomerID), Escape(stream)),
 		Fields: []Field{
 			{Label: "Meter", Value: eventName},
@@ -42,5 +46,30 @@ func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used i
 			{Label: "Used", Value: fmt.Sprintf("%d %s", used, unit)},
 		},
 		Fingerprint: "spend_cap:meter:" + eventName + ":" + stripeCustomerID + ":" + month,
+	}
+}
+
+// KindMeterMissing: Stripe has no active meter for a usage event's
+// event_name, so every such event is refused and dead-lettered
+// (meter_event_refused) until the meter exists. Sent once per event name
+// and process, at the first refusal.
+const KindMeterMissing Kind = "meter_missing"
+
+// MeterMissing reports the first event refused for want of a meter: which
+// event name, how to create the meter (at Stripe and in the emulator, the
+// same API call) and how to replay what was refused meanwhile.
+func MeterMissing(eventName, stream string) Alert {
+	return Alert{
+		Kind:  KindMeterMissing,
+		Title: "No Stripe meter for event name " + eventName,
+		Text: fmt.Sprintf("Stripe has no active meter for event_name %s: every %s event on %s is refused and "+
+			"dead-lettered (reason `meter_event_refused`), nothing is counted, until the meter exists.\n"+
+			"Create it in Stripe's Dashboard (Billing → Meters → Create meter, event name %s), or with the API, "+
+			"which the emulator (stripesim) answers too: "+
+			"`curl $STRIPE_API_BASE/v1/billing/meters -u $STRIPE_API_KEY: -d display_name=%s -d event_name=%s -d 'default_aggregation[formula]=sum'`.\n"+
+			"Then replay the refused events: `"+cmdname.Consumer+" replay --stream %s --reason meter_event_refused`.",
+			code(eventName), Escape(eventName), code(stream), code(eventName), eventName, eventName, stream),
+		Fields:      []Field{{Label: "Event name", Value: eventName}, {Label: "Stream", Value: stream}},
+		Fingerprint: "meter_missing:" + eventName,
 	}
 }

@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Every kind and reason starts at zero, so dashboards and alert rules see
 	// the series before the first failure.
 	for _, k := range []Kind{KindAuditSummary, KindAuditFinding, KindDeadLetters, KindSpendCap, KindReaperAnomaly,
-		KindChargeFailed, KindStripeLookupFailed, KindPermissionDenied} {
+		KindChargeFailed, KindStripeLookupFailed, KindPermissionDenied, KindMeterMissing} {
 		m.sent.WithLabelValues(string(k))
 		m.failed.WithLabelValues(string(k))
 	}

@@ -1,6 +1,10 @@
 package alerts
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/pelguard/pelguard/internal/cmdname"
+)
 
 // Kinds of the ledger's own retries (DESIGN.md invariant 10).
 const (
@@ -23,7 +27,7 @@ func RetryParked(customerID, period string, attempt, takeovers int, reason strin
 		Title: "Retry parked: " + customerID + " " + period,
 		Text: fmt.Sprintf("Customer %s is *not billed* for %s: attempt %d was tried %d times and failed each time: %s\n"+
 			"The ledger stopped retrying it and reports it as stuck. Check the customer's payments at Stripe, fix the cause, "+
-			"then `consumer retry --period %s --customer %s`.",
+			"then `"+cmdname.Consumer+" retry --period %s --customer %s`.",
 			code(customerID), code(period), attempt, takeovers, Escape(reason), period, customerID),
 		Fields: []Field{
 			{Label: "Customer", Value: customerID},
@@ -42,7 +46,7 @@ func RetryBlocked(customerID, period, detail string) Alert {
 		Kind:  KindRetryBlocked,
 		Title: "Retry held back by the spend cap for " + period,
 		Text: fmt.Sprintf("The retry of customer %s for %s was *not made*: %s\n"+
-			"It is tried again every hour: set or raise the cap (`consumer cap set --period %s …`).",
+			"It is tried again every hour: set or raise the cap (`"+cmdname.Consumer+" cap set --period %s …`).",
 			code(customerID), code(period), Escape(detail), period),
 		Fields: []Field{
 			{Label: "Customer", Value: customerID},

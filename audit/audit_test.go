@@ -174,7 +174,7 @@ func TestRunFindsExactlyTheSeededFindings(t *testing.T) {
 	// One alert with the new findings and the exact refund command.
 	as := b.mem.Alerts()
 	if len(as) != 1 || !strings.Contains(as[0].Title, "8 new findings") ||
-		as[0].Command != "auditor refund --all --max-refunds 3 --max-cents 6500" {
+		as[0].Command != "pelguard-auditor refund --all --max-refunds 3 --max-cents 6500" {
 		t.Fatalf("alerts: %+v", as)
 	}
 

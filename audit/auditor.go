@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/tracing"
@@ -428,7 +429,7 @@ func (a *Auditor) stuckFindings(ctx context.Context, period string, unsettled []
 			r.FirstAttemptAt.UTC().Format(time.RFC3339), r.Attempts, r.LastError)
 		if r.Parked() {
 			detail = fmt.Sprintf("parked at %s: the ledger stopped retrying attempt %d by itself (%s); nothing was charged or "+
-				"recorded by guess: check the customer at Stripe, then `consumer retry --period %s --customer %s`",
+				"recorded by guess: check the customer at Stripe, then `"+cmdname.Consumer+" retry --period %s --customer %s`",
 				r.ParkedAt.UTC().Format(time.RFC3339), r.Attempt, r.ParkedReason, r.BillingPeriod, r.CustomerID)
 		}
 		fs = append(fs, Finding{Kind: KindStuckPending, Subject: r.IdempotencyKey, CustomerID: r.CustomerID,

@@ -24,6 +24,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -81,7 +82,7 @@ const (
 	// DefaultProgressInterval is how often progress is written.
 	DefaultProgressInterval = time.Second
 	// DefaultCommandName is how the alert spells the refund command.
-	DefaultCommandName = "auditor"
+	DefaultCommandName = cmdname.Auditor
 )
 
 // Config configures an Auditor. DB and Stripe.APIKey are required.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/repair"
 )
 
@@ -151,7 +152,7 @@ func (a *Auditor) refundLocked(ctx context.Context, opts RefundOptions) (RefundR
 			// row missing: usually the customer's only charge of the
 			// period, and after a ledger loss always.
 			return rep, fmt.Errorf("finding %d is an orphan_charge, usually the customer's only charge for the period: never refunded; "+
-				"record it (a redelivery, `consumer import --from-stripe`, or by hand) and resolve it: %w", f.ID, ErrState)
+				"record it (a redelivery, `"+cmdname.Consumer+" import --from-stripe`, or by hand) and resolve it: %w", f.ID, ErrState)
 		}
 		if f.Kind != KindDuplicate || f.State != StateOpen {
 			return rep, fmt.Errorf("finding %d is an %s %s finding; only open duplicate_charge findings are refunded: %w",

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html/template"
 	"os"
 	"slices"
 	"strings"
@@ -320,5 +321,39 @@ func TestFailedCellFailsTheVerdicts(t *testing.T) {
 	}
 	if h := page.String(); strings.Contains(h, "Verdicts hold") || !strings.Contains(h, "no progress for 1m0s") {
 		t.Errorf("HTML:\n%s", h)
+	}
+}
+
+// TestHTMLExplainsEachScenario: the report says in a sentence what each
+// scenario it shows does, for a reader who has not read the code.
+func TestHTMLExplainsEachScenario(t *testing.T) {
+	t.Parallel()
+	for _, s := range Scenarios {
+		if len(Explain(s.Name)) < 60 {
+			t.Errorf("scenario %s has no sentence of its own (Explain: %q)", s.Name, Explain(s.Name))
+		}
+	}
+	rep := sampleReport()
+	for _, s := range Scenarios {
+		if s.Usage {
+			rep.Usage = append(rep.Usage, UsageResult{Scenario: s.Name, Mode: ModePelguard})
+		}
+	}
+	var page bytes.Buffer
+	if err := rep.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	h := page.String()
+	ran := map[string]bool{}
+	for _, r := range rep.Results {
+		ran[r.Scenario] = true
+	}
+	for _, u := range rep.Usage {
+		ran[u.Scenario] = true
+	}
+	for _, s := range Scenarios {
+		if want := template.HTMLEscapeString(Explain(s.Name)); ran[s.Name] != strings.Contains(h, want) {
+			t.Errorf("scenario %s (in the report: %v): its sentence shown: %v", s.Name, ran[s.Name], !ran[s.Name])
+		}
 	}
 }

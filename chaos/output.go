@@ -140,7 +140,11 @@ type htmlData struct {
 	Ticks    []tick
 	Failures []string
 	When     string
+	// Explained are the scenarios this run ran, each in a sentence.
+	Explained []explainedScenario
 }
+
+type explainedScenario struct{ Name, FailureMode, Sentence string }
 
 type tick struct {
 	Y     int
@@ -175,6 +179,18 @@ func (r Report) htmlData() htmlData {
 		d.Groups = append(d.Groups, group{X: x + barW + gap/2, Label: res.Scenario, Mode: mode})
 		x += 2*(barW+gap) + groupGap
 	}
+	ran := map[string]bool{}
+	for _, res := range r.Results {
+		ran[res.Scenario] = true
+	}
+	for _, u := range r.Usage {
+		ran[u.Scenario] = true
+	}
+	for _, sc := range Scenarios {
+		if ran[sc.Name] {
+			d.Explained = append(d.Explained, explainedScenario{sc.Name, sc.FailureMode, Explain(sc.Name)})
+		}
+	}
 	d.Width, d.Height = max(x+left, 300), d.Base+60
 	for _, f := range []int{0, 1, 2, 3, 4} {
 		v := maxV * f / 4
@@ -197,9 +213,12 @@ tr.naive td,tr.naive-identifier td{background:#fff6f4}tr.pelguard td{background:
 .ok{color:#1a7f37}.bad{color:#c62828}
 </style></head><body>
 <h1>pelguard drill</h1>
-<p>The seed's failure modes run against the naive consumer and <code>XAUTOCLAIM</code> monitor, then against
+<p>Failure modes of Redis Streams billing run against a naive consumer and <code>XAUTOCLAIM</code> monitor, then against
 pelguard (consumer + reaper); the auditor then flags the naive run's duplicates and refunds them.
 {{.Report.Events}} events per scenario and mode, seed {{.Report.Seed}}, generated {{.When}}.</p>
+{{if .Explained}}<h2>The scenarios</h2>
+<dl>{{range .Explained}}<dt><code>{{.Name}}</code>: {{.FailureMode}}</dt><dd>{{.Sentence}}</dd>
+{{end}}</dl>{{end}}
 <svg xmlns="http://www.w3.org/2000/svg" width="{{.Width}}" height="{{.Height}}" role="img" aria-label="charges and duplicate charges per scenario and mode">
 {{range .Ticks}}<line class="axis" x1="45" x2="{{$.Width}}" y1="{{.Y}}" y2="{{.Y}}" stroke-dasharray="2,3"/><text class="lbl" x="40" y="{{.Y}}" text-anchor="end" dy="4">{{.Label}}</text>
 {{end}}{{range .Bars}}<rect class="{{.Class}}" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}"><title>{{.Title}}</title></rect>

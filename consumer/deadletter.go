@@ -92,15 +92,22 @@ func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMe
 	}
 	p.cfg.Metrics.deadLetter(stream, reason)
 	if p.cfg.DeadLetters != nil {
-		p.cfg.DeadLetters.Add(stream, reason, msg.ID, customerOf(msg))
+		p.cfg.DeadLetters.Add(stream, reason, msg.ID, CustomerOf(msg))
 	}
 	return out, nil
 }
 
-// customerOf extracts customer_id for alert examples without trusting the body.
-func customerOf(msg redis.XMessage) string {
+// CustomerOf extracts customer_id (a meter event's stripe_customer_id when
+// it has no customer_id) for alert examples without trusting the body.
+func CustomerOf(msg redis.XMessage) string {
+	if c := fieldOf(msg, `"customer_id":"`); c != "" {
+		return c
+	}
+	return fieldOf(msg, `"stripe_customer_id":"`)
+}
+
+func fieldOf(msg redis.XMessage, k string) string {
 	if s, ok := msg.Values["payload"].(string); ok {
-		const k = `"customer_id":"`
 		for i := 0; i+len(k) < len(s); i++ {
 			if s[i:i+len(k)] == k {
 				j := i + len(k)

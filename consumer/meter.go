@@ -18,6 +18,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/meterwitness"
 	"github.com/pelguard/pelguard/stripeapi"
@@ -69,8 +70,11 @@ type MeterConfig struct {
 	// optional.
 	Metrics  *Metrics
 	Notifier alerts.Notifier
-	Logger   *slog.Logger
-	Clock    clock.Clock
+	// DeadLetters, optional, turns dead letters into one alert per stream
+	// and interval: the same path as the billing consumer's.
+	DeadLetters *alerts.DeadLetterAggregator
+	Logger      *slog.Logger
+	Clock       clock.Clock
 }
 
 func (c *MeterConfig) setDefaults() {
@@ -101,6 +105,8 @@ type MeterConsumer struct {
 	// written to the meter witness (the usage repair's source).
 	witnessed bool
 	ledgerID  atomic.Pointer[string]
+	// missingMeters are the event names sayMeterMissing has told of.
+	missingMeters sync.Map
 }
 
 // NewMeterConsumer checks cfg and returns a consumer; Run drives it.
@@ -278,6 +284,8 @@ type pendingMsg struct {
 	// keyErr: Stripe refused the key itself (401, or 403 for a missing
 	// permission); out is Failed, so a replay reopens the row.
 	keyErr error
+	// missingMeter: Stripe has no active meter for the event's name.
+	missingMeter bool
 }
 
 // ProcessBatch handles entries of the stream (new, redelivered or
@@ -438,6 +446,9 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case it.out.Result == meterledger.Failed:
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
 			c.count(&b, it.msg.ID, OutcomeFailed)
+			if it.missingMeter {
+				c.sayMeterMissing(it.req.Event.EventName)
+			}
 		case it.out.Result == meterledger.Park:
 			b.Parked++
 			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusParked, it.out.Reason))
@@ -519,6 +530,7 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 			if errors.Is(err, stripeapi.ErrAuthentication) || errors.Is(err, stripeapi.ErrPermission) {
 				it.keyErr = err
 			}
+			it.missingMeter = stripeapi.IsMissingMeter(err)
 			if it.out.Result == meterledger.Release && !rateLimited(err) {
 				// Sent again on its next delivery; say why, or a bad key
 				// or a Stripe outage looks like a stalled stream.
@@ -608,9 +620,27 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 			}
 			b.DeadLetters++
 			c.cfg.Metrics.deadLetter(c.cfg.Stream, dead[i].Reason)
+			if c.cfg.DeadLetters != nil {
+				c.cfg.DeadLetters.Add(c.cfg.Stream, dead[i].Reason, dead[i].Msg.ID, CustomerOf(dead[i].Msg))
+			}
 		}
 	}
 	return nil
+}
+
+// sayMeterMissing tells, once per event name and process, that Stripe has
+// no meter for it: one error log line and one meter_missing alert saying
+// how to create the meter and replay, instead of a dead letter per event
+// and nothing else. Later refusals are dead letters (and their alert).
+func (c *MeterConsumer) sayMeterMissing(eventName string) {
+	if _, told := c.missingMeters.LoadOrStore(eventName, true); told {
+		return
+	}
+	c.cfg.Logger.Error("no Stripe meter for this event name: its events are dead-lettered (meter_event_refused) until the meter exists",
+		"event_name", eventName, "stream", c.cfg.Stream,
+		"create", "Stripe Dashboard → Billing → Meters, or POST /v1/billing/meters (event_name="+eventName+", default_aggregation[formula]=sum), which stripesim answers too",
+		"replay", cmdname.Consumer+" replay --stream "+c.cfg.Stream+" --reason "+ReasonMeterRefused)
+	c.cfg.Notifier.Notify(alerts.MeterMissing(eventName, c.cfg.Stream))
 }
 
 func (c *MeterConsumer) alertParked(r meterledger.Request, reason string) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -171,7 +172,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 		return p.deadLetter(ctx, h.stream, msg, ReasonSpendCap, capErr.Error(), OutcomeSpendCap)
 	case errors.Is(err, ledger.ErrNoCap):
 		return p.deadLetter(ctx, h.stream, msg, ReasonNoSpendCap,
-			"no spend cap for "+ev.BillingPeriod+" and --require-cap is set; set one with `consumer cap set`", OutcomeSpendCap)
+			"no spend cap for "+ev.BillingPeriod+" and --require-cap is set; set one with `"+cmdname.Consumer+" cap set`", OutcomeSpendCap)
 	case err != nil:
 		return p.leftPending(ctx, OutcomeRetryLater, fmt.Errorf("reserving: %w", err))
 	}

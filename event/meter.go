@@ -207,11 +207,21 @@ func meterTimestamp(obj map[string]json.RawMessage, slack time.Duration, now tim
 		if err := json.Unmarshal(raw, &str); err != nil {
 			return time.Time{}, reject(ReasonBadTimestamp, "timestamp", "not a string")
 		}
-		t, err := time.Parse(time.RFC3339Nano, str)
-		if err != nil {
-			return time.Time{}, reject(ReasonBadTimestamp, "timestamp", "%q is not an RFC 3339 time such as 2026-11-30T12:00:00Z", truncate(str))
+		if str != "" && strings.Trim(str, "0123456789") == "" {
+			// "1764504000": unix seconds in a string, as many producers
+			// write numbers; the same event as the number.
+			secs, err := wholeNumber(json.RawMessage(str), "timestamp", 12)
+			if err != nil {
+				return time.Time{}, reject(ReasonBadTimestamp, "timestamp", "%q is neither an RFC 3339 string nor whole unix seconds (not milliseconds)", truncate(str))
+			}
+			ts = time.Unix(secs, 0)
+		} else {
+			t, err := time.Parse(time.RFC3339Nano, str)
+			if err != nil {
+				return time.Time{}, reject(ReasonBadTimestamp, "timestamp", "%q is not an RFC 3339 time such as 2026-11-30T12:00:00Z, nor unix seconds", truncate(str))
+			}
+			ts = t
 		}
-		ts = t
 	} else {
 		secs, err := wholeNumber(raw, "timestamp", 12)
 		if err != nil {

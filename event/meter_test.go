@@ -2,6 +2,7 @@ package event
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -219,4 +220,27 @@ func FuzzParseMeter(f *testing.F) {
 			t.Fatalf("Payload %s read back as %+v, %v; want %+v", ev.Payload(), back, err, ev)
 		}
 	})
+}
+
+// TestMeterTimestampUnixSecondsInAString: the docs say unix seconds are
+// accepted; "1796040000" (a string, as many producers write numbers) is the
+// same time, and the same event (identifier), as the number; milliseconds
+// in a string are refused as they are as a number.
+func TestMeterTimestampUnixSecondsInAString(t *testing.T) {
+	t.Parallel()
+	const body = `{"event_name":"tokens","stripe_customer_id":"cus_X","value":2,"timestamp":%s}`
+	num, err := ParseMeter([]byte(fmt.Sprintf(body, `1796040000`)), MeterRules{}, meterNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := ParseMeter([]byte(fmt.Sprintf(body, `"1796040000"`)), MeterRules{}, meterNow)
+	if err != nil || !str.Timestamp.Equal(time.Unix(1796040000, 0)) {
+		t.Fatalf("string of unix seconds: %+v %v", str, err)
+	}
+	if str.Identifier("ns") != num.Identifier("ns") {
+		t.Errorf("identifier %s for the string, %s for the number: one event", str.Identifier("ns"), num.Identifier("ns"))
+	}
+	if _, err := ParseMeter([]byte(fmt.Sprintf(body, `"1796040000000"`)), MeterRules{}, meterNow); Reason(err) != ReasonBadTimestamp {
+		t.Errorf("milliseconds in a string: %v, want %s", err, ReasonBadTimestamp)
+	}
 }

@@ -163,6 +163,9 @@ func (r *Reaper) deadLetterAll(ctx context.Context, st *streamState, dead []dead
 			r.record(p, d)
 			continue
 		}
+		if r.cfg.DeadLetters != nil {
+			r.cfg.DeadLetters.Add(st.Stream, d.Reason, d.ID, consumer.CustomerOf(dl.msg))
+		}
 		if d.Kind == KindMaxDeliveries {
 			r.cfg.Notifier.Notify(alerts.ReaperAnomaly("max_deliveries", st.Stream, st.Group, d.Consumer, d.ID, dl.detail))
 		}

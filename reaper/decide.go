@@ -9,6 +9,7 @@ import (
 
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/ledger"
 )
 
@@ -112,7 +113,7 @@ func decideEntry(cfg decideConfig, in decideInput) verdict {
 		// dead, nobody can tell. Never touch its entries ("reclaim while in
 		// flight") until an operator says it is stopped.
 		v.Kind = KindUnregistered
-		v.Reason = "owner " + pe.Consumer + " never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for " + ev.BillingPeriod
+		v.Reason = "owner " + pe.Consumer + " never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `" + cmdname.Consumer + " import` for " + ev.BillingPeriod
 	case cfg.External && hasRow && externalBilled(*rec):
 		// The team billed it (charged, or a terminal status such as
 		// card_declined) and left it unacked: ack, no Stripe call.

@@ -147,11 +147,11 @@ func TestDecideEntry(t *testing.T) {
 		{name: "unregistered owner: left alone, even with a billed row",
 			in: with(in(canonical, row(ledger.StatusCharged, nil), 1), func(d *decideInput) { d.OwnerUnknown = true }),
 			want: verdict{Kind: KindUnregistered, Key: "c_1/2026-11",
-				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for 2026-11"}},
+				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `pelguard-consumer import` for 2026-11"}},
 		{name: "unregistered owner of an entry with no row: never claimed",
 			in: with(in(canonical, nil, 99), func(d *decideInput) { d.OwnerUnknown = true }),
 			want: verdict{Kind: KindUnregistered, Key: "c_1/2026-11",
-				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `consumer import` for 2026-11"}},
+				Reason: "owner dead-consumer never registered as a pelguard consumer; name it in --stopped-consumers once it is stopped, or run `pelguard-consumer import` for 2026-11"}},
 		// Not decisions: the row given is not the payload's.
 		{name: "quick reading found no key: ask for the row",
 			in:   with(in(reordered, nil, 1), func(d *decideInput) { d.RowKey = ledger.Key{} }),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 // Liveness (invariant 5 for consumers without a heartbeat): a group member
@@ -76,7 +77,7 @@ func (r *Reaper) reportUnregistered(ctx context.Context, st *streamState) {
 	r.cfg.Logger.WarnContext(ctx, "reaper: entries of consumers that never registered as pelguard consumers are left alone",
 		slog.String("stream", st.Stream), slog.String("group", st.Group), slog.Int("entries", total),
 		slog.String("consumers", strings.Join(names, ",")),
-		slog.String("fix", "once they are stopped: --stopped-consumers "+strings.Join(names, ",")+", or `consumer import` for their periods"))
+		slog.String("fix", "once they are stopped: --stopped-consumers "+strings.Join(names, ",")+", or `"+cmdname.Consumer+" import` for their periods"))
 	if r.cfg.DryRun {
 		return
 	}

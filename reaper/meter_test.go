@@ -3,11 +3,13 @@ package reaper_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
@@ -341,5 +343,37 @@ func TestExplainMeterStreamDecidesAsADryRunPass(t *testing.T) {
 	}
 	if after := b.pending(t); len(after) != len(pend) {
 		t.Errorf("%d pending after Explain and a dry run, %d before", len(after), len(pend))
+	}
+}
+
+// TestReaperMeterDeadLettersAlert: what the reaper dead-letters on a meter
+// stream (here a malformed event a dead consumer left pending) raises the
+// consumers' dead_letters alert for the stream, not only a metric.
+func TestReaperMeterDeadLettersAlert(t *testing.T) {
+	t.Parallel()
+	b := meterSetup(t)
+	ctx := context.Background()
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": "not json"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.read(t, deadName, 1)
+	b.waitIdle(t, 1, time.Millisecond)
+	mem := alerts.NewMemory()
+	dl := alerts.NewDeadLetterAggregator(mem, time.Hour, b.clk)
+	t.Cleanup(func() { _ = dl.Stop(context.Background()) })
+	cfg := b.meterConfig(t)
+	cfg.DeadLetters = dl
+	if _, err := b.newReaper(t, cfg).RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.deadLetters(t); len(got) != 1 {
+		t.Fatalf("dead letters %v: want the malformed event", got)
+	}
+	if n := dl.Flush(); n != 1 {
+		t.Fatalf("flushed %d alerts, want one", n)
+	}
+	as := mem.Alerts()
+	if len(as) != 1 || as[0].Kind != alerts.KindDeadLetters || !strings.Contains(as[0].Title, "1 event dead-lettered on "+b.stream) {
+		t.Fatalf("alerts %+v: want one dead_letters for %s", as, b.stream)
 	}
 }

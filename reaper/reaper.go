@@ -226,7 +226,11 @@ type Config struct {
 	// use. cmd/reaper prints dry-run decisions through it.
 	OnDecision func(Decision)
 
-	Notifier        alerts.Notifier   // default: log-only
+	Notifier alerts.Notifier // default: log-only
+	// DeadLetters, optional, turns what the reaper dead-letters (billing
+	// and meter streams, and its re-drives' dead letters) into one alert
+	// per stream and interval, as the consumers do.
+	DeadLetters     *alerts.DeadLetterAggregator
 	Metrics         *Metrics          // optional
 	ConsumerMetrics *consumer.Metrics // optional: the re-drive's consumer series
 	Logger          *slog.Logger      // default: discard
@@ -411,7 +415,7 @@ func New(cfg Config) (*Reaper, error) {
 				Namespace: cfg.Namespace, Lease: cfg.Lease, SafeKeyWindow: cfg.SafeKeyWindow,
 				RequireCap: cfg.RequireCap, Rules: cfg.Rules, OmitChargeMetadata: cfg.OmitChargeMetadata, Description: cfg.Description,
 				Retry: cfg.Retry, Witness: cfg.Witness,
-				Notifier: cfg.Notifier, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
+				Notifier: cfg.Notifier, DeadLetters: cfg.DeadLetters, Metrics: cfg.ConsumerMetrics, Logger: cfg.Logger, Clock: cfg.Clock,
 				TracerProvider: cfg.TracerProvider,
 			})
 			if err != nil {

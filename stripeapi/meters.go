@@ -3,6 +3,7 @@ package stripeapi
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -368,4 +369,12 @@ func (c *Client) MeterEventSummaries(ctx context.Context, meterID, customer stri
 	}
 	slices.SortFunc(out, func(a, b MeterSummary) int { return a.Start.Compare(b.Start) })
 	return out, nil
+}
+
+// IsMissingMeter reports Stripe's refusal of a meter event for want of an
+// active meter with its event_name ("No active meter found for
+// event_name …": invalid_request_error, param event_name).
+func IsMissingMeter(err error) bool {
+	var se *Error
+	return errors.As(err, &se) && errors.Is(se.Kind, ErrInvalidRequest) && se.Param == "event_name"
 }

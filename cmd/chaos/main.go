@@ -17,10 +17,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/pelguard/pelguard/chaos"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 func main() {
@@ -55,9 +57,9 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 		return cli.ExitOK
 	}
 	var desc strings.Builder
-	desc.WriteString("Runs each charge scenario twice, with the seed's naive consumer and XAUTOCLAIM monitor and with\n" +
+	desc.WriteString("Runs each charge scenario twice, with a naive consumer and XAUTOCLAIM monitor and with\n" +
 		"pelguard (consumer + reaper), then the auditor over each (--legacy for the naive charges) and\n" +
-		"`auditor refund` over the naive one. Runs each usage scenario (meter events) three times: the\n" +
+		"`" + cmdname.Auditor + " refund` over the naive one. Runs each usage scenario (meter events) three times: the\n" +
 		"naive sender without an identifier, with one and no ledger, and pelguard's meter consumer,\n" +
 		"counting each customer's meter total at the emulator. Exit status: 0 the verdicts hold, 1 one\n" +
 		"does not, 2 error.\n\nScenarios:\n")
@@ -75,7 +77,7 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 	fs.IntVar(&cfg.Events, "events", chaos.DefaultEvents, "events per scenario and mode")
 	fs.Var(&sc, "scenario", "run only this scenario (repeatable; default all): "+strings.Join(chaos.ScenarioNames(), ", "))
 	fs.Int64Var(&cfg.Seed, "seed", chaos.DefaultSeed, "seed for the amounts and for which events meet a fault (the verdicts must not depend on it)")
-	fs.DurationVar(&cfg.MinIdle, "min-idle", chaos.DefaultMinIdle, "the monitor's and the reaper's min-idle (the seed's 60s, scaled down)")
+	fs.DurationVar(&cfg.MinIdle, "min-idle", chaos.DefaultMinIdle, "the monitor's and the reaper's min-idle (the common 60s, scaled down)")
 	fs.BoolVar(&jsonOut, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&htmlFile, "html", "", "also write a self-contained HTML report (chart and table) to this file")
 	logging.Register(fs)
@@ -113,7 +115,11 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, test 
 			if err := writeHTML(htmlFile, rep); err != nil {
 				return cli.Fail(stderr, "chaos", err)
 			}
-			fmt.Fprintf(stderr, "chaos: wrote %s\n", htmlFile)
+			where := htmlFile
+			if abs, err := filepath.Abs(htmlFile); err == nil {
+				where = abs
+			}
+			fmt.Fprintf(stderr, "chaos: the HTML report (chart, table, each scenario explained): %s\n", where)
 		}
 	}
 	if rep.Incomplete() {

@@ -36,6 +36,9 @@ func TestJSONAndHTML(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
+	if !strings.Contains(stderr.String(), "the HTML report (chart, table, each scenario explained): "+page) {
+		t.Errorf("stderr does not say where the report is:\n%s", stderr.String())
+	}
 	var out struct {
 		Charges []map[string]any `json:"charges"`
 		Usage   []map[string]any `json:"usage"`

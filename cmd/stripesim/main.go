@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/stripesim"
 )
 
@@ -32,7 +33,7 @@ Point pelguard at it with the Stripe API base and any test key:
 
     export STRIPE_API_BASE=http://127.0.0.1:12111   # or --stripe-api-base
     export STRIPE_API_KEY=sk_test_anything           # any sk_test_ key works
-    consumer run --stream billing-stream --group billing-group
+    ` + cmdname.Consumer + ` run --stream billing-stream --group billing-group
 
 Restricted keys (rk_test_...) need their permissions: --rk below.
 

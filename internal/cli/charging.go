@@ -34,7 +34,7 @@ func (c *Charging) Register(fs *flag.FlagSet, namespaceHelp string) {
 	fs.BoolVar(&c.StrictFields, "strict-fields", false, "reject events with fields other than the known ones (the five, and the optional occurred_at)")
 	fs.StringVar(&c.ChargeDescription, "charge-description", Env("PELGUARD_CHARGE_DESCRIPTION", "Usage billing for {period}"), "the charge description; {period} is the billing period. Keep your old consumer's, so look-ups recognise its charges and its keys see the same request [PELGUARD_CHARGE_DESCRIPTION]")
 	c.Retries.Register(fs)
-	fs.BoolVar(&c.ChargeMetadata, "charge-metadata", EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the article's request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
+	fs.BoolVar(&c.ChargeMetadata, "charge-metadata", EnvBool("PELGUARD_CHARGE_METADATA", true), "send pelguard's metadata with each charge; false sends the common request shape (with --stripe-mode charges and the team's --namespace, Stripe then accepts pelguard's charge under a key the team already used) [PELGUARD_CHARGE_METADATA]")
 }
 
 // Rules are the event rules the flags set.

@@ -300,7 +300,7 @@ func Fail(stderr io.Writer, prog string, err error) int {
 	if errors.As(err, &unavailable) {
 		code = ExitUnavailable
 	}
-	msg := redact.String(trimLibraryPrefix(err.Error()))
+	msg := redact.String(trimOwnPrefix(prog, trimLibraryPrefix(err.Error())))
 	var ue *UsageError
 	isUsage := errors.As(err, &ue)
 	if js, ok := stderr.(jsonStderr); ok {
@@ -320,4 +320,18 @@ func Fail(stderr io.Writer, prog string, err error) int {
 		fmt.Fprintf(stderr, "Run '%s --help' for the flags.\n", prog)
 	}
 	return code
+}
+
+// trimOwnPrefix drops what Fail is about to print anyway: an error that
+// starts "chaos: " from the chaos command, or "consumer: " from
+// pelguard-consumer, would read "chaos: chaos: …".
+func trimOwnPrefix(prog, msg string) string {
+	bin, _, _ := strings.Cut(prog, " ")
+	for {
+		trimmed := strings.TrimPrefix(strings.TrimPrefix(msg, bin+": "), strings.TrimPrefix(bin, "pelguard-")+": ")
+		if trimmed == msg {
+			return msg
+		}
+		msg = trimmed
+	}
 }

@@ -22,7 +22,7 @@ import (
 const importHelp = `Brings what your existing consumer already billed into pelguard's ledger, before pelguard
 bills anything, so that no customer is charged twice across the switch. Sources, combinable:
 
-  --from-table public.billing_records   the team's table (the article's columns: customer_id,
+  --from-table public.billing_records   the team's table (the common columns: customer_id,
                                         billing_period, charge_id, amount_cents, status, error,
                                         created_at)
   --from-query 'SELECT …'               another shape, returning those columns by name
@@ -39,7 +39,7 @@ whose charge Stripe has is repaired: recorded charged with it, under a new epoch
 holder can never write it again; a key whose charges are all refunded stays a conflict. The team's
 data is only read (table and query run in READ ONLY transactions). --stream lets the import
 read the stream's events: they map Stripe customers to your customer ids and give declined rows
-their amount. Run it with the --namespace pelguard will run with (the article's code:
+their amount. Run it with the --namespace pelguard will run with (the common pattern's:
 redis-streams-billing). A rerun changes nothing; --dry-run writes nothing.`
 
 // Import runs `<prog> import`. It returns an exit code: 0 when everything
@@ -62,7 +62,7 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	log.Register(fs)
 	fs.StringVar(&namespace, "namespace", Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "the idempotency-key namespace pelguard will run with [PELGUARD_NAMESPACE]")
 	fs.StringVar(&cfg.FromTable, "from-table", "", "the team's billing table, schema-qualified (e.g. public.billing_records)")
-	fs.StringVar(&cfg.FromQuery, "from-query", "", "a query returning the article's columns by name (run READ ONLY)")
+	fs.StringVar(&cfg.FromQuery, "from-query", "", "a query returning the common columns by name (run READ ONLY)")
 	fs.BoolVar(&cfg.FromStripe, "from-stripe", false, "also list --period's unmarked succeeded charges at Stripe")
 	fs.StringVar(&cfg.Period, "period", "", "import only this billing period (YYYY-MM); required with --from-stripe")
 	fs.StringVar(&cfg.Description, "description", importer.DefaultDescription, "the team's charge description; {period} is the billing period")

@@ -135,3 +135,19 @@ func TestLoggedDurationsAreText(t *testing.T) {
 		t.Fatalf("duration logged as %s", b.String())
 	}
 }
+
+// TestFailDoesNotDoubleThePrefix: "chaos: chaos: …" and
+// "pelguard-consumer: consumer: …" read as one prefix.
+func TestFailDoesNotDoubleThePrefix(t *testing.T) {
+	for _, c := range []struct{ prog, err, want string }{
+		{"chaos", "chaos: chaos: the drill needs Redis", "chaos: the drill needs Redis\n"},
+		{"pelguard-consumer cap set", "consumer: no such period", "pelguard-consumer cap set: no such period\n"},
+		{"pelguard-auditor", "audit config: bad", "pelguard-auditor: audit config: bad\n"},
+	} {
+		var b strings.Builder
+		cli.Fail(&b, c.prog, errors.New(c.err))
+		if b.String() != c.want {
+			t.Errorf("Fail(%q, %q) printed %q, want %q", c.prog, c.err, b.String(), c.want)
+		}
+	}
+}

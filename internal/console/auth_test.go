@@ -5,6 +5,10 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/pelguard/pelguard/internal/pg"
 )
 
 // nextBypasses are post-login targets that a browser, reading them as a
@@ -91,5 +95,28 @@ func TestLoginRedirectStaysOnSite(t *testing.T) {
 	page := b.anon(t).get("/login?next=" + url.QueryEscape("/\t/evil.example"))
 	if strings.Contains(page.body, "evil.example") {
 		t.Errorf("login page keeps a foreign next: %s", page.body)
+	}
+}
+
+// TestUnknownNameCostsWhatAKnownOneDoes: the hash an unknown name is
+// checked against has the cost of the users' hashes (hash-password makes
+// cost 12), so a login for an unknown name takes as long as a wrong
+// password for a known one: names cannot be enumerated by timing. Costs,
+// not clocks: bcrypt's time is set by its cost.
+func TestUnknownNameCostsWhatAKnownOneDoes(t *testing.T) {
+	t.Parallel()
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newAuthenticator(Config{Users: map[string][]byte{"ann": h}}, pg.DB{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := bcrypt.Cost(a.dummy); err != nil || c != 12 {
+		t.Fatalf("dummy hash cost %d (%v), want the users' 12", c, err)
+	}
+	if a.check("nobody", "pw") || a.check("ann", "wrong") || !a.check("ann", "pw") {
+		t.Fatal("check answers wrong")
 	}
 }

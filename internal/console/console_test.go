@@ -357,6 +357,16 @@ func TestProxyUserHeaderOnlyFromTrustedProxies(t *testing.T) {
 	if r := c.get("/"); r.code != http.StatusUnauthorized {
 		t.Fatalf("no header: %d", r.code)
 	}
+	// Two user headers, or two names in one: neither is believed.
+	for _, two := range [][]string{{"carol", "mallory"}, {"carol,mallory"}} {
+		req, _ = http.NewRequest(http.MethodGet, trusted.srv.URL+"/", nil)
+		for _, v := range two {
+			req.Header.Add("X-Forwarded-User", v)
+		}
+		if r := c.do(req); r.code != http.StatusBadRequest || strings.Contains(r.body, "carol") {
+			t.Fatalf("user headers %q: %d %s", two, r.code, r.body)
+		}
+	}
 	untrusted := setup(t, func(c *Config) {
 		c.Users, c.ProxyUserHeader, c.TrustedProxies = nil, "X-Forwarded-User", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	})

@@ -143,7 +143,7 @@ func (c *Config) validate() error {
 	case c.FromStripe && c.Period == "":
 		return errors.New("import: --from-stripe needs --period (the billing period to list, e.g. 2026-11)")
 	case c.Namespace == "":
-		return errors.New("import: --namespace is required: the namespace pelguard will run with (the article's code: redis-streams-billing)")
+		return errors.New("import: --namespace is required: the namespace pelguard will run with (the common pattern's: redis-streams-billing)")
 	}
 	if c.Period != "" {
 		if _, err := time.Parse("2006-01", c.Period); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/stripeapi"
 )
@@ -271,7 +272,7 @@ func (r *run) countUnrecorded(ctx context.Context, matched map[string]bool) erro
 	if n > 0 {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%d charges without pelguard's metadata since %s are in no ledger row: which key each bills "+
 			"cannot be told from the charge alone; the consumers' look-ups rebuild them when their entries come back, "+
-			"`consumer import --from-stripe` otherwise", n, r.since))
+			"`"+cmdname.Consumer+" import --from-stripe` otherwise", n, r.since))
 	}
 	return nil
 }

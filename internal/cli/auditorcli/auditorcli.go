@@ -6,9 +6,11 @@ package auditorcli
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 // prog is the installed name (make install, the image, the units): help
@@ -16,15 +18,25 @@ import (
 // is the short name in metrics (pelguard_build_info{role}) and traces.
 const (
 	role = "auditor"
-	prog = "pelguard-" + role
+	prog = cmdname.Auditor
 )
 
 // Main runs the auditor's command line and returns the exit code: 0 clean,
 // 1 open findings (cli.ExitFindings), 2 error, 3 Postgres unreachable after
 // --wait-for-deps. Cancelling ctx is SIGTERM: a scheduled auditor waits for
 // the run in progress, up to --shutdown-timeout.
+//
+// With no argument at all it audits nothing: an audit reads Stripe and may
+// alert, so it is asked for by name (`pelguard-auditor run`); it prints
+// the commands and exits 2. Flags alone (`pelguard-auditor --period P`)
+// still run the default command, as the units written so far do.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return program().Main(ctx, args, stdout, stderr)
+	p := program()
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "%s: no command given: '%s run' audits since the last checkpoint.\n%s\n", prog, prog, p.CommandList())
+		return cli.ExitError
+	}
+	return p.Main(ctx, args, stdout, stderr)
 }
 
 // program is a function, not a variable: run's --help lists the commands.

@@ -1,6 +1,7 @@
 package auditorcli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -217,6 +218,23 @@ func TestHelpListsCommands(t *testing.T) {
 	for _, arg := range []string{"version", "--version"} {
 		if code, out, _ := call(arg); code != 0 || !strings.HasPrefix(out, "pelguard-auditor ") {
 			t.Errorf("%s: exit %d %q", arg, code, out)
+		}
+	}
+}
+
+// TestNoArgumentsPrintsUsage: a bare `pelguard-auditor` audits nothing: it
+// names `pelguard-auditor run`, lists the commands and exits 2, before it
+// opens anything.
+func TestNoArgumentsPrintsUsage(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://u:p@127.0.0.1:1/db?sslmode=disable")
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), nil, &out, &errb)
+	if code != cli.ExitError {
+		t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, cli.ExitError, out.String(), errb.String())
+	}
+	for _, want := range []string{"pelguard-auditor run", "Commands:", "refund", "usage-findings"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errb.String())
 		}
 	}
 }

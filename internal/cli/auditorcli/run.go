@@ -46,7 +46,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.OneCustomerPerStripeCustomer, "one-customer-per-stripe-customer", cli.EnvBool("PELGUARD_ONE_CUSTOMER_PER_STRIPE_CUSTOMER", false),
 		"with --legacy: each Stripe customer pays for exactly one of the team's customers, so two unmarked charges of one amount on a Stripe customer\n"+
 			"pelguard knows nothing of are a duplicate (refundable); without it they are ambiguous_legacy, for a person [PELGUARD_ONE_CUSTOMER_PER_STRIPE_CUSTOMER]")
-	fs.StringVar(&c.ExternalLedger, "external-ledger", "", "with --legacy: a team's own table (schema.table, the article's billing_records) whose charge for a customer and period is canonical and never refunded (reaper --external-ledger deployments); only read")
+	fs.StringVar(&c.ExternalLedger, "external-ledger", "", "with --legacy: a team's own table (schema.table, e.g. billing_records) whose charge for a customer and period is canonical and never refunded (reaper --external-ledger deployments); only read")
 	fs.StringVar(&c.LegacyPattern, "legacy-pattern", audit.DefaultLegacyPattern, "regexp taking a legacy charge's period from its description (group 1)")
 	fs.IntVar(&c.Parallel, "parallel", audit.DefaultParallel, "sub-windows listed at once (with --stripe-rate to stay under Stripe's limit)")
 	fs.DurationVar(&o.SettleDelay, "settle-delay", audit.DefaultSettleDelay,

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/console"
 	"github.com/pelguard/pelguard/stripelimit"
 )
@@ -32,7 +33,7 @@ import (
 // is the short name in metrics (pelguard_build_info{role}) and traces.
 const (
 	role = "console"
-	prog = "pelguard-" + role
+	prog = cmdname.Console
 )
 
 // DefaultListen is loopback: the console is reachable from elsewhere only

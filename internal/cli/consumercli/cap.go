@@ -13,7 +13,7 @@ import (
 	"github.com/pelguard/pelguard/internal/ledger"
 )
 
-const capDescription = `Spend caps bound what may be charged per billing period (the seed's 'vault key', e.g. 110% of
+const capDescription = `Spend caps bound what may be charged per billing period (a 'vault key', e.g. 110% of
 the expected total). An event that would pass the cap is dead-lettered with reason spend_cap and
 can be replayed after the cap is raised.`
 

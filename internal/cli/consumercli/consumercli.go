@@ -10,6 +10,7 @@ import (
 	"io"
 
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 // prog is the installed name (make install, the image, the units): help
@@ -17,7 +18,7 @@ import (
 // is the short name in metrics (pelguard_build_info{role}) and traces.
 const (
 	role = "consumer"
-	prog = "pelguard-" + role
+	prog = cmdname.Consumer
 )
 
 // Main runs the consumer's command line and returns the exit code (see

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
@@ -131,6 +132,10 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rp.Close()
+	// The billing consumer's dead-letter alerts, per stream and minute:
+	// an event refused or malformed is seen outside Prometheus too.
+	dl := alerts.NewDeadLetterAggregator(rp.Notifier, time.Minute, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
 	logger, mon, pool, rdb, pauses := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Pauses
 	var cs []*consumer.MeterConsumer
 	metrics := consumer.NewMetrics(rp.Registry)
@@ -138,7 +143,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
 			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
-			Metrics: metrics, Notifier: rp.Notifier, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
+			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 // prog is the installed name (make install, the image, the units): help
@@ -16,7 +17,7 @@ import (
 // is the short name in metrics (pelguard_build_info{role}) and traces.
 const (
 	role = "reaper"
-	prog = "pelguard-" + role
+	prog = cmdname.Reaper
 )
 
 // Main runs the reaper's command line and returns the exit code.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/streamfacts"
@@ -85,7 +86,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	o.Charging.Register(fs, "must match the consumers'")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
-	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the article's INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
+	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the common INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
 	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
 	fs.Var(&o.MeterStreams, "meter-stream", "meter-event stream to reap (the streams of pelguard-consumer meter-events), repeatable: name (with --group) or name=group;\n"+
@@ -222,6 +223,10 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 		return cli.Fail(stderr, prog, err)
 	}
 	defer rp.Close()
+	// What the reaper dead-letters alerts as the consumers' do: one alert
+	// per stream and minute.
+	dl := alerts.NewDeadLetterAggregator(rp.Notifier, time.Minute, nil)
+	defer func() { _ = dl.Stop(context.Background()) }()
 	logger, mon, pool, rdb, notifier, reg := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Notifier, rp.Registry
 	var sc consumer.Stripe
 	if rp.Stripe != nil {
@@ -230,6 +235,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 
 	cfg := o.config()
 	cfg.Redis, cfg.DB, cfg.Stripe, cfg.Notifier, cfg.Logger, cfg.Witness = rdb, pool, sc, notifier, logger, mon
+	if !o.DryRun {
+		cfg.DeadLetters = dl
+	}
 	if ms, ok := sc.(consumer.MeterSender); ok && len(cfg.MeterStreams) > 0 {
 		cfg.MeterStripe = ms
 	}

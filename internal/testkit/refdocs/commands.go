@@ -12,6 +12,7 @@ import (
 	"github.com/pelguard/pelguard/internal/cli/consolecli"
 	"github.com/pelguard/pelguard/internal/cli/consumercli"
 	"github.com/pelguard/pelguard/internal/cli/reapercli"
+	"github.com/pelguard/pelguard/internal/cmdname"
 )
 
 // binaries are the installed binaries (`make install`, the image) and the
@@ -21,10 +22,10 @@ var binaries = []struct {
 	installed string
 	program   func() *cli.Program
 }{
-	{"pelguard-consumer", consumercli.Program},
-	{"pelguard-reaper", reapercli.Program},
-	{"pelguard-auditor", auditorcli.Program},
-	{"pelguard-console", consolecli.Program},
+	{cmdname.Consumer, consumercli.Program},
+	{cmdname.Reaper, reapercli.Program},
+	{cmdname.Auditor, auditorcli.Program},
+	{cmdname.Console, consolecli.Program},
 }
 
 // Flag is one flag of a command as its --help prints it.
