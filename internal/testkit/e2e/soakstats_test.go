@@ -30,6 +30,7 @@ type sampler struct {
 	procs   []*proc
 	addrs   map[string]string
 	start   time.Time
+	load0   string // load average as the fleet started
 
 	mu     sync.Mutex
 	points []point
@@ -60,8 +61,9 @@ func (s *sampler) sample(ctx context.Context) {
 		}
 	}
 	// Partitioned tables (meter_events) are summed over their partitions.
-	rows, err := s.admin.Query(ctx, `SELECT c.relname,
-		(SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0) FROM pg_partition_tree(c.oid) p)
+	rows, err := s.admin.Query(ctx, `SELECT c.relname, CASE WHEN c.relkind = 'p'
+		THEN (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0) FROM pg_partition_tree(c.oid) p)
+		ELSE pg_total_relation_size(c.oid) END
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition`, s.schema)
 	if err == nil {
@@ -175,7 +177,7 @@ func (s *sampler) report(p params) soakResult {
 		by[pt.Series] = xy
 	}
 	s.mu.Unlock()
-	res := soakResult{WarmupM: warm, Slopes: map[string]slope{}, LoadAvg: map[string]string{"end": loadAvg()},
+	res := soakResult{WarmupM: warm, Slopes: map[string]slope{}, LoadAvg: map[string]string{"start": s.load0, "end": loadAvg()},
 		Params: map[string]string{"duration": p.duration.String(), "retention": p.retention.String(), "sample": p.sample.String(),
 			"rate_per_stream": fmt.Sprint(p.rate), "stripe_rate": fmt.Sprint(p.stripeRate)}}
 	for name, xy := range by {
@@ -220,7 +222,7 @@ func (s *sampler) write(t *testing.T, p params, res soakResult) {
 	}
 	sort.Strings(names)
 	var b strings.Builder
-	fmt.Fprintf(&b, "slopes after %.1f min (least squares, per minute), load average at the end %s:\n", res.WarmupM, res.LoadAvg["end"])
+	fmt.Fprintf(&b, "slopes after %.1f min (least squares, per minute), load average at the start %s, at the end %s:\n", res.WarmupM, res.LoadAvg["start"], res.LoadAvg["end"])
 	for _, n := range names {
 		sl := res.Slopes[n]
 		fmt.Fprintf(&b, "  %-60s %12.1f/min  mean %14.0f  first %14.0f  last %14.0f  (%d points)\n", n, sl.PerMinute, sl.Mean, sl.First, sl.Last, sl.Points)
