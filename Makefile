@@ -116,6 +116,12 @@ test: tools deploy-check ## Run every test with -race against real Redis and Pos
 bench: tools ## Run the benchmarks (BENCHCOUNT runs each; compare medians)
 	$(SERVICES) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout 60m $(PKGS)
 
+SOAK_DURATION ?= 30m
+soak: ## Run the fleet as processes for SOAK_DURATION (30m; not in make test or CI): Redis, tables, RSS, goroutines sampled each minute, slopes, 0 duplicates, nothing lost (samples in bin/soak)
+	@mkdir -p bin/soak
+	$(SERVICES) env SOAK_DURATION=$(SOAK_DURATION) SOAK_OUT=$(CURDIR)/bin/soak $(GO) test -tags pelguard_soak -count=1 -v \
+		-timeout 3h -run '^TestSoak$$' ./internal/testkit/e2e/
+
 DEMO_HTML ?= bin/drill-report.html
 demo: ## Run the drill: three failure modes, a naive consumer vs pelguard; writes the HTML report to $DEMO_HTML (bin/drill-report.html)
 	@mkdir -p $(dir $(DEMO_HTML))
@@ -134,4 +140,4 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	@if $(GO) install honnef.co/go/tools/cmd/staticcheck@latest 2>/dev/null; then $(GOBIN)/staticcheck $(PKGS); \
 		else echo "staticcheck not installable here; skipped"; fi
 
-.PHONY: help services cluster services-stop tools build install image image-local image-dockerfile release deploy-check test bench demo fuzz lint
+.PHONY: help services cluster services-stop tools build install image image-local image-dockerfile release deploy-check test bench soak demo fuzz lint

@@ -87,6 +87,9 @@ const (
 // trim an entry whose outcome a re-ingest after a ledger rollback must
 // still settle by its key.
 func MinStreamRetention(cfg Config) time.Duration {
+	if soakRetentionFloor > 0 {
+		return soakRetentionFloor
+	}
 	w := cmp.Or(cfg.SafeKeyWindow, consumer.DefaultSafeKeyWindow)
 	if len(cfg.MeterStreams) > 0 {
 		w = max(w, cfg.MeterSafeWindow)

@@ -4,5 +4,7 @@
 // reaches their output (invariant 7), Stripe key governance (sk_live_
 // refused, rk_ accepted, a 403 fails fast and alerts), every metric the
 // Grafana dashboard names exists, and the deploy/ manifests and units only
-// use flags and probe paths the binaries really have. It has only tests.
+// use flags and probe paths the binaries really have. TestSoak (`make soak`,
+// -tags pelguard_soak) runs the fleet for minutes and checks nothing grows
+// and nothing is lost or doubled; it skips otherwise. It has only tests.
 package e2e

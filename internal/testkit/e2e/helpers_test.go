@@ -29,7 +29,11 @@ func TestMain(m *testing.M) {
 	}
 	for _, b := range []string{"consumer", "reaper", "auditor", "console"} {
 		out := filepath.Join(dir, b)
-		if msg, err := exec.Command("go", "build", "-o", out, "github.com/pelguard/pelguard/cmd/"+b).CombinedOutput(); err != nil {
+		args := []string{"build", "-o", out}
+		if soakBuild {
+			args = append(args, "-tags", "pelguard_soak")
+		}
+		if msg, err := exec.Command("go", append(args, "github.com/pelguard/pelguard/cmd/"+b)...).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", b, err, msg)
 			os.Exit(2)
 		}
