@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/url"
@@ -16,6 +15,7 @@ import (
 	"github.com/pelguard/pelguard/internal/cli/consolecli"
 	"github.com/pelguard/pelguard/internal/cli/consumercli"
 	"github.com/pelguard/pelguard/internal/cli/reapercli"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // The settings that carry a secret, as FuzzStartupSecrets numbers them.
@@ -163,7 +163,7 @@ func FuzzStartupSecrets(f *testing.F) {
 
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		var stdout, stderr bytes.Buffer
+		var stdout, stderr testenv.SyncBuffer // go-redis dials (and logs) on goroutines of its own
 		code := p.main(ctx, args, &stdout, &stderr)
 		out := stdout.String() + stderr.String()
 		if !secretPlaced(field, prefix, value, suffix) {
@@ -305,7 +305,7 @@ func TestStartupRefusesWrongKeyKinds(t *testing.T) {
 				continue
 			}
 			args := append(append([]string{}, p.args...), "--database-url="+closedDB, "--redis-url="+closedRedis, "--stripe-key="+key.value)
-			var stdout, stderr bytes.Buffer
+			var stdout, stderr testenv.SyncBuffer // go-redis dials (and logs) on goroutines of its own
 			code := p.main(context.Background(), args, &stdout, &stderr)
 			out := stdout.String() + stderr.String()
 			if code != 2 || !strings.Contains(out, key.kind) || !strings.Contains(out, "sk_live_…, sk_test_…, rk_live_… or rk_test_…") {
@@ -353,7 +353,7 @@ func TestStartupRefusesAnAtInTheUserinfo(t *testing.T) {
 			if p.takes[fieldStripeKey] {
 				args = append(args, "--stripe-key="+validKey)
 			}
-			var stdout, stderr bytes.Buffer
+			var stdout, stderr testenv.SyncBuffer // go-redis dials (and logs) on goroutines of its own
 			code := p.main(context.Background(), args, &stdout, &stderr)
 			out := stdout.String() + stderr.String()
 			if code != 2 || !strings.Contains(out, "the text before '@' is not a URL's user and password") {

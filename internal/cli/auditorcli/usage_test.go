@@ -3,6 +3,7 @@ package auditorcli
 import (
 	"context"
 	"encoding/json"
+	"github.com/jackc/pgx/v5"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,12 @@ func TestUsageCommand(t *testing.T) {
 		}
 	}
 	if _, err := ml.Finish(ctx, []meterledger.Outcome{{Hold: cl[0].Hold(), Result: meterledger.Delivered}}); err != nil {
+		t.Fatal(err)
+	}
+	// Delivered two hours ago: a window is compared once its last delivery
+	// is older than --usage-settle-delay.
+	if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{schema, "meter_events"}.Sanitize()+
+		` SET first_sent_at = now() - interval '2 hours', delivered_at = now() - interval '2 hours' WHERE identifier = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 
