@@ -35,7 +35,7 @@ type RefundOptions struct {
 	MaxRefunds int
 	MaxCents   int64
 	// DryRun reports what would be refunded and changes nothing (it still
-	// re-reads both charges at Stripe).
+	// re-reads both charges at Stripe); it takes no refund lease.
 	DryRun bool
 	// LockWait is how long to wait for another refund run; 0 fails at once
 	// with ErrLocked.
@@ -96,6 +96,11 @@ type RefundReport struct {
 // a cap, a transient Stripe error) is skipped with its reason, recorded on
 // the finding, and the run goes on with the next.
 func (a *Auditor) Refund(ctx context.Context, opts RefundOptions) (RefundReport, error) {
+	if opts.DryRun {
+		// A dry run writes nothing, not even the refund lease's row
+		// (invariant 8), and refunds nothing another run could race.
+		return a.refundLocked(ctx, opts)
+	}
 	lock, err := a.lock(ctx, lockRefund, opts.LockWait)
 	if err != nil {
 		return RefundReport{DryRun: opts.DryRun}, err

@@ -119,6 +119,18 @@ func (m *Metrics) trimmed(stream string, removed, length int64) {
 	}
 }
 
+// watching starts the loss counters of pelguard's group on stream at 0, so
+// that dashboards and rules see the series before the first loss.
+func (m *Metrics) watching(stream, group string) {
+	if m == nil {
+		return
+	}
+	for _, how := range []string{"unread", "gone"} {
+		m.lossesC.WithLabelValues(stream, group, how)
+		m.lostC.WithLabelValues(stream, group, how)
+	}
+}
+
 func (m *Metrics) lost(l alerts.StreamLoss) {
 	if m == nil {
 		return

@@ -128,8 +128,9 @@ func (r *Reaper) trim(ctx context.Context, st *streamState) error {
 // pending entries trimmed with it (acked as gone), if any. The reaper's
 // own trim never triggers it: it stays at or below every last-delivered-id.
 func (r *Reaper) detectLoss(ctx context.Context, st *streamState) error {
+	r.cfg.Metrics.watching(st.Stream, st.Group)
 	info, err := r.cfg.Redis.XInfoStream(ctx, st.Stream).Result()
-	if redis.HasErrorPrefix(err, "ERR no such key") || errors.Is(err, redis.Nil) {
+	if redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil) {
 		return nil
 	}
 	if err != nil {

@@ -237,7 +237,7 @@ func (u *usage) unacked(ctx context.Context, s meterwitness.Stream, now time.Tim
 	// it back), up to now: an entry added later was never sent before.
 	// Entry ids are Redis's wall clock, so the bound is too.
 	groups, err := rdb.XInfoGroups(ctx, s.Stream).Result()
-	if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") {
+	if err != nil && !redis.HasErrorPrefix(err, "no such key") {
 		return fmt.Errorf("reading the groups of %s: %w", s.Stream, err)
 	}
 	end := fmt.Sprintf("%d", time.Now().UnixMilli())

@@ -199,9 +199,11 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// pelguard_ledger_ (the ledger's replication mode, which every role
 	// reports) or pelguard_build_info (the reaper re-drives through the
 	// consumer's code and exports its series as well).
-	allowed := map[string][]string{"consumer": {"consumer", "alerts", "ledger", "build"},
-		"reaper":  {"reaper", "consumer", "alerts", "ledger", "build"},
-		"auditor": {"auditor", "alerts", "ledger", "build"}, "webhook": {"webhook", "alerts", "ledger", "build"}}
+	// pelguard_redis_primary_changes_total is the shared Redis opener's, in
+	// every role that reaches Redis, as alerts and ledger are.
+	allowed := map[string][]string{"consumer": {"consumer", "alerts", "ledger", "redis", "build"},
+		"reaper":  {"reaper", "consumer", "alerts", "ledger", "redis", "build"},
+		"auditor": {"auditor", "alerts", "ledger", "redis", "build"}, "webhook": {"webhook", "alerts", "ledger", "redis", "build"}}
 	// Every binary says which build it is, in its role.
 	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)
 	for bin, body := range scrape {

@@ -42,6 +42,16 @@ func TestNoSecretInOutput(t *testing.T) {
 		code int    // wanted exit code; -1: any
 		want string // substring of the output
 	}
+	// The auditor with no command prints its usage: the common scenarios
+	// name its default command.
+	withCommand := func(ss []scenario, cmd string) []scenario {
+		for i := range ss {
+			if ss[i].args == nil {
+				ss[i].args = []string{cmd}
+			}
+		}
+		return ss
+	}
 	common := func(bin string) []scenario {
 		return []scenario{
 			{"help", secretEnv(), []string{"--help"}, 0, "Stripe permissions"},
@@ -70,7 +80,7 @@ func TestNoSecretInOutput(t *testing.T) {
 			scenario{"once", secretEnv(), []string{"--once", "--metrics-addr", ""}, 0, "reaper starting"},
 			scenario{"dry run", secretEnv(), []string{"--once", "--dry-run", "--metrics-addr", ""}, 0, "dry run"},
 		),
-		"auditor": append(common("auditor"),
+		"auditor": append(withCommand(common("auditor"), "run"),
 			scenario{"run", secretEnv(), []string{"run", "--from", "2026-01-01", "--to", "2026-01-02"}, 0, "charges"},
 			scenario{"run json", secretEnv(), []string{"run", "--json", "--from", "2026-01-01", "--to", "2026-01-02"}, 0, "charges_scanned"},
 			scenario{"findings", secretEnv(), []string{"findings"}, 0, ""},
