@@ -90,16 +90,7 @@ func meterCapCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return cli.Fail(stderr, name, err)
 	}
 	o.Verb, name = verb, name+" "+verb
-	if err := cli.ParseFlags(fs, rest); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.Validate(); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.run(ctx, stdout); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	return cli.ExitOK
+	return runCommand(ctx, name, fs, rest, &o, stdout, stderr)
 }
 
 func (o *MeterCapOptions) run(ctx context.Context, w io.Writer) error {

@@ -74,16 +74,7 @@ func meterSettleCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := cli.NewFlagSet(name, name+" --identifier ID --event-ts TS --counted|--not-counted --reason WHY", meterSettleDescription, stderr)
 	var o MeterSettleOptions
 	o.register(fs)
-	if err := cli.ParseFlags(fs, args); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.Validate(); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.run(ctx, stdout); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	return cli.ExitOK
+	return runCommand(ctx, name, fs, args, &o, stdout, stderr)
 }
 
 func (o *MeterSettleOptions) run(ctx context.Context, w io.Writer) error {

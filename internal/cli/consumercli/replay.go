@@ -71,16 +71,7 @@ func replayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := cli.NewFlagSet(name, name+" [--stream S]... [--reason R] [--limit N] [--dry-run] [--override WHY]", replayDescription, stderr)
 	var o ReplayOptions
 	o.register(fs)
-	if err := cli.ParseFlags(fs, args); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.Validate(); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	if err := o.run(ctx, stdout); err != nil {
-		return cli.Fail(stderr, name, err)
-	}
-	return cli.ExitOK
+	return runCommand(ctx, name, fs, args, &o, stdout, stderr)
 }
 
 // run replays stream by stream, printing each stream's table as it goes.
