@@ -199,7 +199,24 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 // past the safe window, left to the consumers within it.
 func (u *usage) unacked(ctx context.Context, s meterwitness.Stream, now time.Time) error {
 	rdb := u.cfg.Redis
-	var msgs []redis.XMessage
+	// The group's last delivered id first, its pending entries next: an
+	// entry a consumer reads in between is then in the pending list (read
+	// after it) as well as past the id, never in neither. Read the other
+	// way round, it would be in neither, would not be parked, and once
+	// the rollback is repaired its consumer would send it again.
+	groups, err := rdb.XInfoGroups(ctx, s.Stream).Result()
+	if err != nil && !redis.HasErrorPrefix(err, "no such key") {
+		return fmt.Errorf("reading the groups of %s: %w", s.Stream, err)
+	}
+	lastDelivered := ""
+	for _, g := range groups {
+		if g.Name == s.Group {
+			lastDelivered = g.LastDeliveredID
+		}
+	}
+	if lastDelivered == "" {
+		return nil // no such stream or group: nothing was read from it
+	}
 	var ids []string
 	for start := "-"; ; {
 		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s.Stream, Group: s.Group, Start: start, End: "+", Count: 1000}).Result()
@@ -217,6 +234,8 @@ func (u *usage) unacked(ctx context.Context, s meterwitness.Stream, now time.Tim
 		}
 		start = "(" + pend[len(pend)-1].ID
 	}
+	var msgs []redis.XMessage
+	seen := map[string]bool{}
 	if len(ids) > 0 {
 		cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range ids {
@@ -229,33 +248,31 @@ func (u *usage) unacked(ctx context.Context, s meterwitness.Stream, now time.Tim
 		}
 		for _, c := range cmds {
 			if xs, err := c.(*redis.XMessageSliceCmd).Result(); err == nil {
-				msgs = append(msgs, xs...)
+				for _, x := range xs {
+					seen[x.ID] = true
+					msgs = append(msgs, x)
+				}
 			}
 		}
 	}
 	// Unread: after the group's last delivered id (a Redis rollback takes
 	// it back), up to now: an entry added later was never sent before.
 	// Entry ids are Redis's wall clock, so the bound is too.
-	groups, err := rdb.XInfoGroups(ctx, s.Stream).Result()
-	if err != nil && !redis.HasErrorPrefix(err, "no such key") {
-		return fmt.Errorf("reading the groups of %s: %w", s.Stream, err)
-	}
 	end := fmt.Sprintf("%d", time.Now().UnixMilli())
-	for _, g := range groups {
-		if g.Name != s.Group {
-			continue
+	for start := "(" + lastDelivered; ; {
+		xs, err := rdb.XRangeN(ctx, s.Stream, start, end, 1000).Result()
+		if err != nil {
+			return fmt.Errorf("reading the unread entries of %s/%s: %w", s.Stream, s.Group, err)
 		}
-		for start := "(" + g.LastDeliveredID; ; {
-			xs, err := rdb.XRangeN(ctx, s.Stream, start, end, 1000).Result()
-			if err != nil {
-				return fmt.Errorf("reading the unread entries of %s/%s: %w", s.Stream, s.Group, err)
+		for _, x := range xs {
+			if !seen[x.ID] {
+				msgs = append(msgs, x)
 			}
-			msgs = append(msgs, xs...)
-			if len(xs) < 1000 {
-				break
-			}
-			start = "(" + xs[len(xs)-1].ID
 		}
+		if len(xs) < 1000 {
+			break
+		}
+		start = "(" + xs[len(xs)-1].ID
 	}
 	return u.decideUnacked(ctx, s, msgs, now)
 }

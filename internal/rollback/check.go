@@ -245,7 +245,7 @@ func (m *Monitor) setOpen(open bool, lostSince time.Time) {
 // history issued; every pending and processing row and every external
 // lease moved above it, leases released), the witnesses raised to what was
 // seen (the same evidence is not a second rollback), and the rollback row
-// (a detection soon after the last one joins it).
+// (a detection while the last one is open, or soon after it, joins it).
 func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) error {
 	now := m.cfg.Clock.Now().Truncate(time.Microsecond)
 	tx, err := q.Begin(ctx)
@@ -324,7 +324,7 @@ func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) 
 	err = tx.QueryRow(ctx, sql(`UPDATE {schema}.ledger_rollbacks SET evidence = left(evidence || '; ' || $1, 4000),
 			lost_since = least(lost_since, $2), epoch_floor = $3, rows_fenced = rows_fenced + $4,
 			repaired_at = NULL, repair_started_at = NULL
-		WHERE id = (SELECT max(id) FROM {schema}.ledger_rollbacks WHERE detected_at > $5)
+		WHERE id = (SELECT max(id) FROM {schema}.ledger_rollbacks WHERE detected_at > $5 OR repaired_at IS NULL)
 		RETURNING id`), evidence, lostSince, floor, fenced, now.Add(-MergeWithin)).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		merged = false

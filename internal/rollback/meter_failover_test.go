@@ -351,7 +351,7 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	}
 
 	if o.dayOutage {
-		testenv.Eventually(t, 30*time.Second, func() bool { return procs[0].mon.Suspect() && procs[2].mon.Suspect() },
+		testenv.Eventually(t, 30*time.Second, func() bool { return procs[0].mon.Suspect() && procs[1].mon.Suspect() && procs[2].mon.Suspect() },
 			"the rollback was not detected")
 		clk.Advance(25 * time.Hour)
 		sim.Advance(25 * time.Hour)

@@ -46,9 +46,10 @@ const (
 	// DefaultMargin is how far before the last surviving witness stamp the
 	// repair starts reading Stripe.
 	DefaultMargin = 5 * time.Minute
-	// MergeWithin: a detection this soon after the last recorded rollback
-	// is the same failover seen by another process (its memory held other
-	// witnesses): its evidence joins that rollback, with no second alert.
+	// MergeWithin: a detection this soon after the last recorded rollback,
+	// or while it is not yet repaired, is the same failover seen by another
+	// process (its memory held other witnesses): its evidence joins that
+	// rollback, with no second alert.
 	MergeWithin = 10 * time.Minute
 	// fenceStride is how far a rollback raises the epoch floor: past any
 	// epoch the lost history could have handed out (a row is taken over

@@ -2,6 +2,7 @@ package rollback
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/pelguard/pelguard/alerts"
@@ -55,26 +56,63 @@ func (m *Monitor) tryRepair(ctx context.Context) {
 	}
 	m.repairGap = 0
 	done := m.cfg.Clock.Now()
-	tag, err := m.db.Exec(context.WithoutCancel(ctx), `UPDATE {schema}.ledger_rollbacks SET repaired_at = $3,
-			rows_rebuilt = rows_rebuilt + $4, rows_repaired = rows_repaired + $5, refunds_rebuilt = refunds_rebuilt + $6,
-			findings = findings + $7, report = left($8, 4000), last_error = NULL
-		WHERE id = ANY($1) AND repair_started_at = $2 AND repaired_at IS NULL`,
+	// The pass's work is recorded even when a detection re-opened the
+	// rollback meanwhile (its claim is gone): the rows it restored are in
+	// the ledger, and the next pass, finding them there, restores nothing
+	// — its counts alone would under-report the repair. The report keeps
+	// every pass's notes, oldest first.
+	add := func(n int) string { // the pass's counts and notes, from parameter $n on
+		return fmt.Sprintf(`rows_rebuilt = rows_rebuilt + $%d, rows_repaired = rows_repaired + $%d, refunds_rebuilt = refunds_rebuilt + $%d,
+			findings = findings + $%d, report = left(concat_ws(E'\n', nullif(report, ''), $%d::text), 4000), last_error = NULL`, n, n+1, n+2, n+3, n+4)
+	}
+	rows, err = m.db.Query(context.WithoutCancel(ctx), `UPDATE {schema}.ledger_rollbacks SET repaired_at = $3, repairs = repairs + 1, `+add(4)+`
+		WHERE id = ANY($1) AND repair_started_at = $2 AND repaired_at IS NULL
+		RETURNING id, repairs, rows_rebuilt, rows_repaired, refunds_rebuilt, findings, coalesce(report, '')`,
 		ids, now, done, rep.Rebuilt, rep.Repaired, rep.RefundsRebuilt, rep.Findings, rep.Notes)
 	if err != nil {
 		m.cfg.Logger.Error("recording the ledger's repair", "err", err)
 		return
 	}
-	if tag.RowsAffected() == 0 {
-		m.cfg.Logger.Warn("the ledger's repair finished but a new detection re-opened it; repairing again", "rollbacks", ids)
+	type closed struct {
+		id, repairs                                 int64
+		rebuilt, repaired, refundsRebuilt, findings int
+		report                                      string
+	}
+	var all []closed
+	for rows.Next() {
+		var c closed
+		if err := rows.Scan(&c.id, &c.repairs, &c.rebuilt, &c.repaired, &c.refundsRebuilt, &c.findings, &c.report); err != nil {
+			rows.Close()
+			m.cfg.Logger.Error("recording the ledger's repair", "err", err)
+			return
+		}
+		all = append(all, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		m.cfg.Logger.Error("recording the ledger's repair", "err", err)
+		return
+	}
+	if len(all) == 0 {
+		if _, err := m.db.Exec(context.WithoutCancel(ctx), `UPDATE {schema}.ledger_rollbacks SET `+add(2)+`
+			WHERE id = ANY($1) AND repaired_at IS NULL`, ids, rep.Rebuilt, rep.Repaired, rep.RefundsRebuilt, rep.Findings, rep.Notes); err != nil {
+			m.cfg.Logger.Error("recording the ledger's repair", "err", err)
+		}
+		m.metrics.rebuilt.Add(float64(rep.Rebuilt + rep.Repaired))
+		m.cfg.Logger.Warn("the ledger's repair finished but a new detection re-opened it; repairing again", "rollbacks", ids,
+			"rebuilt", rep.Rebuilt, "repaired", rep.Repaired, "findings", rep.Findings)
 		return
 	}
 	m.metrics.rebuilt.Add(float64(rep.Rebuilt + rep.Repaired))
-	for _, id := range ids {
-		took := done.Sub(detected[id])
-		m.cfg.Logger.Info("the ledger is repaired from Stripe", "rollback", id, "rebuilt", rep.Rebuilt, "repaired", rep.Repaired,
-			"refunds_rebuilt", rep.RefundsRebuilt, "findings", rep.Findings, "took", took.Round(time.Millisecond).String())
-		if m.cfg.Notifier != nil {
-			m.cfg.Notifier.Notify(alerts.LedgerRepaired(id, rep.Rebuilt, rep.Repaired, rep.RefundsRebuilt, rep.Findings, took, rep.Notes))
+	for _, c := range all {
+		took := done.Sub(detected[c.id])
+		m.cfg.Logger.Info("the ledger is repaired from Stripe", "rollback", c.id, "rebuilt", c.rebuilt, "repaired", c.repaired,
+			"refunds_rebuilt", c.refundsRebuilt, "findings", c.findings, "took", took.Round(time.Millisecond).String())
+		// Repaired again after more evidence re-opened it: announced
+		// again only if this pass changed or found something.
+		again := c.repairs > 1 && rep.Rebuilt+rep.Repaired+rep.RefundsRebuilt+rep.Findings == 0
+		if m.cfg.Notifier != nil && !again {
+			m.cfg.Notifier.Notify(alerts.LedgerRepaired(c.id, c.rebuilt, c.repaired, c.refundsRebuilt, c.findings, took, c.report))
 		}
 	}
 	if err := m.check(ctx, m.db.Pool); err != nil {
