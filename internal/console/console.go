@@ -281,6 +281,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		h.Set("Strict-Transport-Security", "max-age=31536000")
 	}
+	if why := badInput(w, r); why != "" {
+		http.Error(w, "bad request: "+why, http.StatusBadRequest)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 

@@ -368,6 +368,9 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason := q.Get("reason")
+	if refuseStreamID(w, "after", q.Get("after")) {
+		return
+	}
 	rows, next, err := s.deadPage(r.Context(), st.Name, reason, q.Get("after"))
 	if err != nil {
 		s.fail(w, r, err)
@@ -385,6 +388,9 @@ func (s *Server) confirmReplay(w http.ResponseWriter, r *http.Request) {
 	st, err := s.stream(q.Get("stream"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	if refuseStreamID(w, "id", q.Get("id")) {
 		return
 	}
 	data, err := s.replayConfirm(r, st, q.Get("id"), q.Get("reason"), "")

@@ -98,6 +98,9 @@ func (s *Server) pelPage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	owner, after := strings.TrimSpace(q.Get("consumer")), q.Get("after")
+	if refuseStreamID(w, "after", after) {
+		return
+	}
 	data := map[string]any{"Stream": st.Name, "Group": st.Group, "Streams": s.cfg.Streams, "Owner": owner, "After": after,
 		"Policy": s.explainer.Policy(), "Refresh": s.refresh(r)}
 	rows, next, err := s.pelRows(ctx, st, owner, after)
