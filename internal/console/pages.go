@@ -162,6 +162,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	// after a failover, the promoted one.
 	data["RedisPrimary"], _ = redisurl.Primary(s.cfg.Redis)
 	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
+	if s.cfg.ConsumerIdle > 0 {
+		data["ConsumerIdle"] = s.cfg.ConsumerIdle
+	}
 	lr := <-liveCh
 	if lr.err != nil {
 		s.fail(w, r, lr.err)

@@ -69,8 +69,7 @@ type pelRow struct {
 	Key, Reason  string
 	Detail       string // the dead letter's detail, for the kinds that dead-letter
 	Due          bool
-	Registered   bool
-	Beat         string // the owner's last heartbeat, "" when never
+	Owner        consumerState // the owner's state, as the overview says it
 	Row          *reaper.RowState
 }
 
@@ -173,10 +172,9 @@ func (s *Server) pelRows(ctx context.Context, st Stream, owner, after string) ([
 		d := x.Decision
 		row := pelRow{ID: d.ID, Consumer: d.Consumer, Idle: d.Idle, Deliveries: d.Deliveries, Kind: string(d.Kind),
 			Do: verdictWords[d.Kind], Key: d.Key, Reason: redact.String(truncate(d.Reason, 300)), Detail: redact.String(truncate(x.Detail, 300)),
-			Due: x.Due, Registered: x.Registered, Row: x.Row}
-		if t, ok := beats[d.Consumer]; ok {
-			row.Beat = ago(now.Sub(t))
-		}
+			Due: x.Due, Row: x.Row}
+		t, ok := beats[d.Consumer]
+		row.Owner = s.stateOf(st, d.Consumer, ok, max(0, now.Sub(t)))
 		out[i] = row
 	}
 	return out, next, nil
