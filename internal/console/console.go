@@ -267,6 +267,7 @@ func (s *Server) routes() {
 	m.Handle("GET /actions", s.authed(s.actions))
 	m.Handle("GET /ledger", s.authed(s.ledgerPage))
 	m.Handle("GET /usage", s.authed(s.usagePage))
+	m.Handle("GET /meter-events", s.authed(s.meterEventsPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))
 	m.Handle("GET /pel", s.authed(s.pelPage))
 	s.mux = m
