@@ -46,8 +46,8 @@ type meterEventFilter struct {
 	Customer, Meter, Status, Identifier string
 	// Before is the page's cursor: the last row of the page before
 	// (event_ts in Unix microseconds, identifier).
-	BeforeTS   *time.Time
-	BeforeID   string
+	BeforeTS *time.Time
+	BeforeID string
 }
 
 var meterStatuses = []string{"sending", "delivered", "parked", "failed"}

@@ -50,8 +50,8 @@ type comparedRow struct {
 	Run          *int64
 	At           *time.Time
 	From, To     *time.Time
-	Windows      *int64
-	HeldWindows  *int32
+	Windows      int64
+	HeldWindows  int64
 	HeldFrom     *time.Time
 	Events       int64 // the ledger's events of it (the last 36 days)
 	NotCompared  int64 // delivered, and not in the last comparison
@@ -65,12 +65,13 @@ type comparedRow struct {
 // delivered events it did not cover: timestamped outside its span or from
 // the first window it held back, or delivered after it looked (at most:
 // a window after the first held one may have been compared).
-const qCompared = `SELECT e.event_name, c.run_id, c.compared_at, c.compared_from, c.compared_to, c.windows, c.held_windows, c.held_from,
+const qCompared = `SELECT e.event_name, c.run_id, c.compared_at, c.compared_from, c.compared_to, coalesce(c.windows, 0),
+	coalesce(c.held_windows, 0)::bigint, c.held_from,
 	count(*),
 	count(*) FILTER (WHERE e.status = 'delivered' AND (c.run_id IS NULL OR e.event_ts < c.compared_from
-		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at > c.compared_at)),
+		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at >= c.compared_at)),
 	coalesce(sum(e.value) FILTER (WHERE e.status = 'delivered' AND (c.run_id IS NULL OR e.event_ts < c.compared_from
-		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at > c.compared_at)), 0),
+		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at >= c.compared_at)), 0),
 	count(*) FILTER (WHERE e.status <> 'delivered'),
 	max(e.event_ts)
 FROM {schema}.meter_events e
