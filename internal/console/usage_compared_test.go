@@ -205,12 +205,15 @@ func TestMeterEventBrowser(t *testing.T) {
 		one = id
 		break
 	}
-	byID := c.mustGet("/meter-events?identifier=" + one)
+	byID := c.mustGet("/meter-events?customer=cus_B&identifier=" + one)
 	if rows := meterEventTr.FindAllStringSubmatch(byID, -1); len(rows) != 1 || !strings.Contains(rows[0][2], one) || rows[0][1] != "delivered" {
 		t.Errorf("identifier=%s: %d rows", one, len(rows))
 	}
 	if rows := meterEventTr.FindAllStringSubmatch(c.mustGet("/meter-events?customer=cus_B&meter=storage_gb"), -1); len(rows) != 0 {
 		t.Errorf("meter=storage_gb: %d rows", len(rows))
+	}
+	if r := c.get("/meter-events?identifier=" + one); r.code != http.StatusUnprocessableEntity || !strings.Contains(r.body, "Stripe customer with its identifier") {
+		t.Errorf("an identifier without its customer: %d", r.code)
 	}
 	for _, p := range []string{"/meter-events?status=lost", "/meter-events?before=x", "/meter-events?before=12.", "/meter-events?before=abc.id"} {
 		if r := c.get(p); r.code != http.StatusBadRequest {
