@@ -155,7 +155,7 @@ func TestOverviewShowsLivePipeline(t *testing.T) {
 			t.Errorf("the overview does not show %q", want)
 		}
 	}
-	if runs := regexp.MustCompile(`<tr><td>#\d+ <span class="st st-ok">ok</span>`).FindAllString(page, -1); len(runs) != 1 {
+	if runs := regexp.MustCompile(`<tr><td data-label="run">#\d+ <span class="st st-ok">ok</span>`).FindAllString(page, -1); len(runs) != 1 {
 		t.Errorf("want the auditor's one run listed, got %d", len(runs))
 	}
 }
