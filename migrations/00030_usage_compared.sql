@@ -35,7 +35,7 @@ CREATE TABLE usage_compared (
     CONSTRAINT held_from_when_held CHECK ((held_windows > 0) = (held_from IS NOT NULL))
 );
 COMMENT ON TABLE usage_compared IS 'Per meter and Stripe customer: the last usage run that compared it, its span, the windows it held back (audit, usage reconciliation).';
-CREATE INDEX meter_events_customer_idx ON meter_events (stripe_customer_id, event_ts DESC, identifier DESC);
+CREATE INDEX meter_events_customer_idx ON meter_events (stripe_customer_id, event_ts DESC);
 
 -- +goose Down
 DROP INDEX meter_events_customer_idx;
