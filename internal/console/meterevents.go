@@ -53,9 +53,26 @@ type meterEventFilter struct {
 
 var meterStatuses = []string{"sending", "delivered", "parked", "failed"}
 
-// listMeterEvents builds the query from the filters given (an omitted one
-// is not in it: the planner then uses the index that fits).
+// listMeterEvents lists a page of n events.
 func listMeterEvents(ctx context.Context, db pg.DB, f meterEventFilter, n int) ([]meterEventRow, error) {
+	q, args := meterEventsQuery(f, n)
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing meter events: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[meterEventRow])
+	if err != nil {
+		return nil, fmt.Errorf("listing meter events: %w", err)
+	}
+	for i := range out {
+		out[i].LastError = redact.String(truncate(out[i].LastError, 500))
+	}
+	return out, nil
+}
+
+// meterEventsQuery builds the query from the filters given (an omitted one
+// is not in it: the planner then uses the index that fits).
+func meterEventsQuery(f meterEventFilter, n int) (string, []any) {
 	var where []string
 	var args []any
 	add := func(cond string, v any) {
@@ -87,18 +104,7 @@ func listMeterEvents(ctx context.Context, db pg.DB, f meterEventFilter, n int) (
 	}
 	args = append(args, n)
 	q += fmt.Sprintf(" ORDER BY event_ts DESC, identifier DESC LIMIT $%d", len(args))
-	rows, err := db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("listing meter events: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[meterEventRow])
-	if err != nil {
-		return nil, fmt.Errorf("listing meter events: %w", err)
-	}
-	for i := range out {
-		out[i].LastError = redact.String(truncate(out[i].LastError, 500))
-	}
-	return out, nil
+	return q, args
 }
 
 // cursor is a page's "older" link value: event_ts as Unix microseconds,

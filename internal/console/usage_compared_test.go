@@ -215,6 +215,42 @@ func TestMeterEventBrowser(t *testing.T) {
 	if r := c.get("/meter-events?identifier=" + one); r.code != http.StatusUnprocessableEntity || !strings.Contains(r.body, "Stripe customer with its identifier") {
 		t.Errorf("an identifier without its customer: %d", r.code)
 	}
+	// On a table of many customers a customer's page, its next page and an
+	// identifier within it read the customer index, not every partition.
+	if _, err := w.pool.Exec(ctx, `INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, value,
+			status, first_sent_at, attempts, epoch, delivered_at, created_at)
+		SELECT $1::timestamptz - (g % 3600) * interval '1 second', 'pg_bulk_' || g, 'api_requests', 'cus_' || (g % 500), 1,
+			'delivered', $1, 1, 1, $1, $1 FROM generate_series(1, 20000) g`, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.pool.Exec(ctx, `ANALYZE {schema}.meter_events`); err != nil {
+		t.Fatal(err)
+	}
+	ts := now.Add(-time.Minute)
+	for _, f := range []meterEventFilter{{Customer: "cus_7"}, {Customer: "cus_7", Status: "failed"}, {Customer: "cus_7", Identifier: one},
+		{Customer: "cus_7", BeforeTS: &ts, BeforeID: "pg_x"}} {
+		q, args := meterEventsQuery(f, 51)
+		var plan strings.Builder
+		rows, err := w.pool.Query(ctx, "EXPLAIN "+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		rows.Close()
+		seq := false // a sequential scan of a partition that holds rows (an empty one costs 0)
+		for _, line := range strings.Split(plan.String(), "\n") {
+			seq = seq || strings.Contains(line, "Seq Scan") && !strings.Contains(line, "cost=0.00..0.00")
+		}
+		if !strings.Contains(plan.String(), "stripe_customer_id_event_ts_idx") || seq { // the partitions' copies of meter_events_customer_idx
+			t.Errorf("%+v does not read the customer index:\n%s", f, plan.String())
+		}
+	}
 	for _, p := range []string{"/meter-events?status=lost", "/meter-events?before=x", "/meter-events?before=12.", "/meter-events?before=abc.id"} {
 		if r := c.get(p); r.code != http.StatusBadRequest {
 			t.Errorf("GET %s: %d, want 400", p, r.code)
