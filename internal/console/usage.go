@@ -151,6 +151,11 @@ func (s *Server) usageCompared(ctx context.Context, data map[string]any, custome
 		}
 	}
 	if customer == "" {
+		stale, never, all, err := staleOf(ctx, s.db, meterledger.MonthOf(s.now()), meter, 20)
+		if err != nil && !missingTable(err) {
+			return err
+		}
+		data["Stale"], data["Never"], data["MonthPairs"] = stale, never, all
 		return nil
 	}
 	cmp, err := comparedOf(ctx, s.db, customer, meter)

@@ -115,3 +115,45 @@ func comparedTotals(ctx context.Context, db pg.DB, run int64) (comparedCounts, e
 	}
 	return c, nil
 }
+
+// staleRow is a customer-meter with usage this month and its last
+// comparison, if any.
+type staleRow struct {
+	EventName, Customer string
+	Events              int64
+	Run                 *int64
+	At, To              *time.Time
+	HeldWindows         int64
+}
+
+// qStale lists this month's customer-meters (meter_usage: one row per
+// meter, customer and month) never compared first, then the least
+// recently compared; and counts those never compared.
+const qStale = `SELECT u.event_name, u.stripe_customer_id, u.events, c.run_id, c.compared_at, c.compared_to, coalesce(c.held_windows, 0)::bigint
+FROM {schema}.meter_usage u LEFT JOIN {schema}.usage_compared c
+	ON c.event_name = u.event_name AND c.stripe_customer_id = u.stripe_customer_id
+WHERE u.month = $1 AND ($2 = '' OR u.event_name = $2)
+ORDER BY c.compared_at NULLS FIRST, u.stripe_customer_id, u.event_name LIMIT $3`
+
+const qNeverCompared = `SELECT count(*) FILTER (WHERE c.run_id IS NULL), count(*)
+FROM {schema}.meter_usage u LEFT JOIN {schema}.usage_compared c
+	ON c.event_name = u.event_name AND c.stripe_customer_id = u.stripe_customer_id
+WHERE u.month = $1 AND ($2 = '' OR u.event_name = $2)`
+
+// staleOf is the page's "least recently compared" list and how many of
+// this month's customer-meters no run has compared.
+func staleOf(ctx context.Context, db pg.DB, month time.Time, meter string, n int) ([]staleRow, int64, int64, error) {
+	rows, err := db.Query(ctx, qStale, month, meter, n)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("listing the least recently compared customer-meters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[staleRow])
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("listing the least recently compared customer-meters: %w", err)
+	}
+	var never, all int64
+	if err := db.QueryRow(ctx, qNeverCompared, month, meter).Scan(&never, &all); err != nil {
+		return nil, 0, 0, fmt.Errorf("counting customer-meters never compared: %w", err)
+	}
+	return out, never, all, nil
+}

@@ -108,6 +108,10 @@ func TestUsagePageSaysWhatWasCompared(t *testing.T) {
 	if r := comparedRows(page)["api_requests"]; r[0] != "never" || !strings.Contains(r[1], "never compared") || !strings.Contains(r[1], "3 events, 6 units") {
 		t.Errorf("before any run: %q, want never compared, 3 events (6 units) not compared", r)
 	}
+	if all := c.mustGet("/usage"); !strings.Contains(all, "1 of the 1 customer-meters with usage this month has never been compared.") ||
+		!strings.Contains(all, `<tr data-compared="never"><td class="mono"><a href="/usage?customer=cus_A">cus_A</a>`) {
+		t.Errorf("before any run, the page without a customer does not list cus_A's meter as never compared")
+	}
 	w.tick(15 * time.Minute) // the deliveries settle
 	rep, err := w.usage.ReconcileUsage(ctx)
 	if err != nil {
@@ -126,6 +130,10 @@ func TestUsagePageSaysWhatWasCompared(t *testing.T) {
 	}
 	if !strings.Contains(page, fmt.Sprintf("Run #%d compared 1 customer-meter.", rep.RunID)) {
 		t.Error("the page does not say what the last run covered")
+	}
+	if all := c.mustGet("/usage"); !strings.Contains(all, "Every one of the 1 customer-meters with usage this month has been compared at least once.") ||
+		!strings.Contains(all, fmt.Sprintf("run #%d, ", rep.RunID)) {
+		t.Errorf("after the run, the page without a customer does not say cus_A's meter was compared")
 	}
 	// Delivered after the run looked: not compared yet.
 	w.tick(time.Second)
