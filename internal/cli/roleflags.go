@@ -12,7 +12,8 @@ import (
 // `consumer meter-events`, `reaper run`) repeats: where Redis and Postgres
 // are, the schema, the streams, the metrics address, the start-up wait,
 // the pool size, logging, Stripe and Slack. A role's options embed it,
-// register it with Register and check it with Validate, and BuildRole
+// register it with Register, check it with CheckSchema first and
+// Validate last, and BuildRole
 // builds from Role: the same names, defaults and help for every role.
 type RoleFlags struct {
 	RedisURL, DatabaseURL string
@@ -60,14 +61,16 @@ func (f *RoleFlags) Register(fs *flag.FlagSet, spec RoleFlagSpec) {
 	f.Slack.Register(fs)
 }
 
-// Validate checks the shared flags that need no connection: --db-schema
-// against --database-url, logging, Stripe when the role calls it (its
-// key's shape, not its rights) and --wait-for-deps. The streams are
+// CheckSchema checks --db-schema against --database-url: a role's first
+// check.
+func (f *RoleFlags) CheckSchema() error { return CheckSchemaFlag(f.DatabaseURL, f.Schema) }
+
+// Validate checks the rest of the shared flags that need no connection:
+// logging, Stripe when the role calls it (its key's shape, not its rights)
+// and --wait-for-deps. A role calls it after its own checks, so a bad flag
+// of its own is named before a missing Stripe key. The streams are
 // resolved by each role (the reaper's may be meter streams alone).
 func (f *RoleFlags) Validate(stripe bool) error {
-	if err := CheckSchemaFlag(f.DatabaseURL, f.Schema); err != nil {
-		return err
-	}
 	if err := f.Log.Validate(); err != nil {
 		return err
 	}

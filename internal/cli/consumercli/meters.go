@@ -61,7 +61,7 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 
 // Validate checks the flags before anything is built.
 func (o *MeterOptions) Validate() error {
-	if err := o.RoleFlags.Validate(true); err != nil {
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	streams, err := o.Streams.Resolve(o.Group)
@@ -79,7 +79,7 @@ func (o *MeterOptions) Validate() error {
 	case o.SafeWindow <= 0 || o.SafeWindow >= 24*time.Hour:
 		return cli.Usagef("--safe-window %s must be positive and below Stripe's 24h identifier window", o.SafeWindow)
 	}
-	return nil
+	return o.RoleFlags.Validate(true)
 }
 
 func meterCmd(ctx context.Context, args []string, _, stderr io.Writer) int {

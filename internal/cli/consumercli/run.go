@@ -72,7 +72,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 // builds the consumers: also before any connection is tried, so a wrong
 // flag exits 2 at once, never after --wait-for-deps.
 func (o *RunOptions) Validate() error {
-	if err := o.RoleFlags.Validate(true); err != nil {
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	streams, err := o.Streams.Resolve(o.Group)
@@ -89,7 +89,7 @@ func (o *RunOptions) Validate() error {
 	if o.ShutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
 	}
-	return nil
+	return o.RoleFlags.Validate(true)
 }
 
 func runCmd(ctx context.Context, args []string, _, stderr io.Writer) int {

@@ -101,7 +101,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 // Validate checks what the flags decide alone. reaper.Config.Validate
 // checks the rest when run builds the reaper, before any connection.
 func (o *RunOptions) Validate() error {
-	if err := o.RoleFlags.Validate(!o.DryRun); err != nil { // a dry run needs no key
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	if len(o.MeterStreams) > 0 {
@@ -144,7 +144,7 @@ func (o *RunOptions) Validate() error {
 	if o.ShutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
 	}
-	return nil
+	return o.RoleFlags.Validate(!o.DryRun) // a dry run needs no key
 }
 
 // validateExternal checks the --external-ledger flags before anything
