@@ -63,7 +63,9 @@ type MeterConfig struct {
 	Witness    LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own
-	// PEL, read again on resume).
+	// PEL, read again on resume), and so do the events of a batch reserved
+	// before the pause whose calls had not started (meterledger.Unsent:
+	// lease and slot freed, no attempt recorded as of unknown outcome).
 	Paused func() bool
 	// Metrics counts outcomes (pelguard_consumer_events_total with the
 	// meter outcomes), Stripe calls, in-flight events and dead letters;
@@ -431,7 +433,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			}
 		}
 		switch {
-		case results[i] == 0 || it.out.Result == meterledger.Release:
+		case results[i] == 0 || it.out.Result == meterledger.Release || it.out.Result == meterledger.Unsent:
 			b.Left++ // lost its lease, or a transient outcome: the next delivery decides
 			left = append(left, it.msg)
 			c.count(&b, it.msg.ID, OutcomeRetryLater)
@@ -527,6 +529,12 @@ func (c *MeterConsumer) sendAll(ctx context.Context, send []*pendingMsg) {
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			r := it.req
+			if c.cfg.Paused != nil && c.cfg.Paused() {
+				// Paused since the batch was reserved: no call. The event
+				// stays pending and is sent on resume.
+				it.out = meterledger.Outcome{Hold: it.claim.Hold(), Result: meterledger.Unsent}
+				return
+			}
 			c.cfg.Metrics.held(c.cfg.Stream, 1)
 			defer c.cfg.Metrics.held(c.cfg.Stream, -1)
 			start := time.Now()

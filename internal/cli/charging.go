@@ -27,7 +27,7 @@ type Charging struct {
 
 // Register adds the charging flags; namespaceHelp ends the --namespace help.
 func (c *Charging) Register(fs *flag.FlagSet, namespaceHelp string) {
-	fs.StringVar(&c.Namespace, "namespace", Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "idempotency-key namespace; "+namespaceHelp+" [PELGUARD_NAMESPACE]")
+	RegisterNamespace(fs, &c.Namespace, "idempotency-key namespace; "+namespaceHelp)
 	fs.DurationVar(&c.SafeKeyWindow, "safe-key-window", consumer.DefaultSafeKeyWindow, "after this long since the first attempt, look the charge up at Stripe before charging again")
 	fs.BoolVar(&c.RequireCap, "require-cap", EnvBool("PELGUARD_REQUIRE_CAP", false), "refuse to charge a billing period without a spend cap [PELGUARD_REQUIRE_CAP]")
 	fs.Int64Var(&c.MaxAmountCents, "max-amount-cents", event.DefaultMaxAmountCents, "reject events above this amount")

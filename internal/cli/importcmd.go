@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/alerts"
-	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/importer"
 	"github.com/pelguard/pelguard/internal/redact"
@@ -60,7 +59,7 @@ func Import(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	RegisterRedis(fs, &redisURL)
 	stripe.Register(fs)
 	log.Register(fs)
-	fs.StringVar(&namespace, "namespace", Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "the idempotency-key namespace pelguard will run with [PELGUARD_NAMESPACE]")
+	RegisterNamespace(fs, &namespace, "the idempotency-key namespace pelguard will run with")
 	fs.StringVar(&cfg.FromTable, "from-table", "", "the team's billing table, schema-qualified (e.g. public.billing_records)")
 	fs.StringVar(&cfg.FromQuery, "from-query", "", "a query returning the common columns by name (run READ ONLY)")
 	fs.BoolVar(&cfg.FromStripe, "from-stripe", false, "also list --period's unmarked succeeded charges at Stripe")

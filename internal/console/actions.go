@@ -67,12 +67,7 @@ func (s *Server) begin(ctx context.Context, r *http.Request, token, action, targ
 
 // finish records the outcome and tells Slack who did what, and why.
 func (s *Server) finish(ctx context.Context, id int64, user, action, target, reason, outcome, detail string) {
-	detail = redact.String(detail)
-	if _, err := s.db.Exec(ctx, `UPDATE {schema}.console_actions SET outcome = $2, detail = $3, finished_at = $4 WHERE id = $1`,
-		id, outcome, detail, s.now()); err != nil {
-		s.log.Error("recording a console action's outcome", "action_id", id, "error", err)
-	}
-	s.log.Info("console action", "action_id", id, "user", user, "action", action, "target", target, "outcome", outcome, "detail", detail)
+	detail = s.record(ctx, id, user, action, target, outcome, detail)
 	s.cfg.Notifier.Notify(alerts.Alert{
 		Kind:  KindConsoleAction,
 		Title: fmt.Sprintf("Console: %s — %s %s (%s)", user, action, target, outcome),
@@ -82,6 +77,18 @@ func (s *Server) finish(ctx context.Context, id int64, user, action, target, rea
 			{Label: "Detail", Value: alerts.Escape(truncate(detail, 500))}, {Label: "Console action", Value: strconv.FormatInt(id, 10)}},
 		Fingerprint: "console-action-" + strconv.FormatInt(id, 10),
 	})
+}
+
+// record writes the action's outcome and logs it; it returns the detail
+// as recorded (redacted).
+func (s *Server) record(ctx context.Context, id int64, user, action, target, outcome, detail string) string {
+	detail = redact.String(detail)
+	if _, err := s.db.Exec(ctx, `UPDATE {schema}.console_actions SET outcome = $2, detail = $3, finished_at = $4 WHERE id = $1`,
+		id, outcome, detail, s.now()); err != nil {
+		s.log.Error("recording a console action's outcome", "action_id", id, "error", err)
+	}
+	s.log.Info("console action", "action_id", id, "user", user, "action", action, "target", target, "outcome", outcome, "detail", detail)
+	return detail
 }
 
 // errNoReason is what a confirmation form submitted without a reason says.

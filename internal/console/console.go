@@ -2,7 +2,8 @@
 // binary): server-rendered pages over the ledger, the audit tables and Redis
 // — an overview, the findings, the dead letters and one customer's period —
 // and, only with AllowActions, the actions a person decides: refund,
-// dismiss or resolve a finding, replay dead letters.
+// dismiss or resolve a finding, replay dead letters, pause or resume a
+// stream's billing.
 //
 // Everything that can move money goes through the code the CLI uses (the
 // auditor's Refund with its re-reads and its persisted rolling cap, the
@@ -83,7 +84,8 @@ type Config struct {
 	ProxyUserHeader string
 	TrustedProxies  []netip.Prefix
 
-	// AllowActions enables refund, dismiss, resolve and replay. Without it
+	// AllowActions enables refund, dismiss, resolve, replay, and pausing
+	// or resuming a stream's billing. Without it
 	// the console is read-only and every action is refused (403).
 	AllowActions bool
 	// Auditor refunds (its Config's MaxRefunds24h/MaxCents24h are the
@@ -270,6 +272,9 @@ func (s *Server) routes() {
 	m.Handle("GET /meter-events", s.authed(s.meterEventsPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))
 	m.Handle("GET /pel", s.authed(s.pelPage))
+	m.Handle("GET /pause", s.authed(s.pausePage))
+	m.Handle("GET /pause/confirm", s.authed(s.confirmPause))
+	m.Handle("POST /pause", s.action(s.doPause))
 	s.mux = m
 }
 

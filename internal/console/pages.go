@@ -20,7 +20,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel", "usage", "meterevents"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel", "usage", "meterevents", "pause"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

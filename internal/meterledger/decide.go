@@ -190,7 +190,7 @@ func decideRow(now time.Time, safe time.Duration, req Request, key Key, row *Rec
 		return Busy, fmt.Sprintf("leased by %s until %s", row.LeaseOwner, row.LeaseExpiresAt.Format(time.RFC3339))
 	case !stripeTakes:
 		return Parked, "unknown outcome and the timestamp is past Stripe's 35 days: Stripe would refuse it; not re-sent"
-	case now.Sub(row.FirstSentAt) >= safe:
+	case row.Attempts > 0 && now.Sub(row.FirstSentAt) >= safe: // 0 attempts: never sent, its window starts at the next
 		return Parked, fmt.Sprintf("unknown outcome older than Stripe's identifier window: not re-sent (first attempt %s, %s ago)",
 			row.FirstSentAt.Format(time.RFC3339), now.Sub(row.FirstSentAt).Round(time.Minute))
 	}

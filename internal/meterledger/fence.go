@@ -43,11 +43,12 @@ func Fence(ctx context.Context, tx pgx.Tx, floor int64) (int64, error) {
 // than olderThan and that nobody holds (no lease, or an expired one), the
 // oldest first: unknown outcomes no delivery is re-sending. Past the safe
 // window they can only be parked; an alert before then lets a person look
-// while Stripe still guards their identifiers.
+// while Stripe still guards their identifiers. A row never sent (given
+// back unsent: 0 attempts) is not one.
 func (l *Ledger) Stuck(ctx context.Context, olderThan time.Time, limit int) ([]Record, error) {
 	now := l.clock.Now()
 	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
-		WHERE m.status = 'sending' AND m.first_sent_at < $1 AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $2)
+		WHERE m.status = 'sending' AND m.attempts > 0 AND m.first_sent_at < $1 AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $2)
 		ORDER BY m.first_sent_at LIMIT $3`, olderThan, now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing stuck meter events: %w", err)

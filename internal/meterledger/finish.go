@@ -29,9 +29,15 @@ const (
 	// to be re-sent under the same identifier by the next delivery while
 	// the safe window lasts. Do not ack.
 	Release
+	// Unsent: the call was never made (billing from the stream was paused
+	// after the reservation): lease and slot are freed and the row stays
+	// sending like Release, but no attempt of unknown outcome is recorded
+	// and the reservation's attempt is taken back; a row never sent (0
+	// attempts) has its safe window start at its next attempt. Do not ack.
+	Unsent
 )
 
-var resultStatus = map[Result]string{Delivered: "delivered", Failed: "failed", Park: "parked", Release: "sending"}
+var resultStatus = map[Result]string{Delivered: "delivered", Failed: "failed", Park: "parked", Release: "sending", Unsent: "unsent"}
 
 func (r Result) String() string {
 	if r == Release {
@@ -141,14 +147,16 @@ WITH u AS (
 ), done AS (
 	-- A refusal after an attempt of unknown outcome parks (Stripe may
 	-- count that attempt); a release records that an attempt's outcome is
-	-- unknown.
+	-- unknown, an unsent event (no call made) does not, and gives its
+	-- attempt back.
 	UPDATE {schema}.meter_events m SET
-		status = CASE WHEN u.st = 'failed' AND m.outcome_unknown THEN 'parked' ELSE u.st END,
+		status = CASE WHEN u.st = 'failed' AND m.outcome_unknown THEN 'parked' WHEN u.st = 'unsent' THEN 'sending' ELSE u.st END,
 		lease_owner = NULL, lease_expires_at = NULL,
 		delivered_at = CASE WHEN u.st = 'delivered' THEN $9::timestamptz END,
 		last_error = CASE WHEN u.st = 'delivered' THEN NULL WHEN u.st = 'failed' AND m.outcome_unknown THEN $11 || ': ' || u.reason
 			ELSE coalesce(nullif(u.reason, ''), m.last_error) END,
-		outcome_unknown = m.outcome_unknown OR u.st = 'sending'
+		outcome_unknown = m.outcome_unknown OR u.st = 'sending',
+		attempts = CASE WHEN u.st = 'unsent' THEN m.attempts - 1 ELSE m.attempts END
 	FROM u
 	WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($1) AND m.epoch = u.e AND m.status = 'sending'
 		AND (SELECT count(*) FROM freed) >= 0

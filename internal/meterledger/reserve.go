@@ -368,7 +368,10 @@ WITH a AS (
 	WHERE a.op = 1 ORDER BY a.ts, a.id
 	ON CONFLICT DO NOTHING RETURNING *
 ), take AS (
-	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, outcome_unknown = true, lease_owner = a.owner,
+	-- A row never sent (0 attempts: given back unsent) starts its safe
+	-- window now; any other is an attempt of unknown outcome.
+	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, outcome_unknown = m.attempts > 0 OR m.outcome_unknown,
+		first_sent_at = CASE WHEN m.attempts = 0 THEN $16 ELSE m.first_sent_at END, lease_owner = a.owner,
 		lease_expires_at = a.exp, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id)
 	FROM a JOIN got ON got.token = a.tok
 	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch

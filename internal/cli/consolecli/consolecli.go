@@ -62,8 +62,9 @@ const serveDescription = `Serves pelguard's console: the ledger's outcomes, the 
 caps, the last audit run, the findings (filter, open one, see its charges at Stripe), one
 customer's period (ledger row, findings, charges, stream entries). Read-only unless
 --allow-actions: then a finding can be refunded (the auditor's refund path, within the rolling
-24 h cap every refunder shares), dismissed or resolved, and dead letters replayed (the consumer's
-replay path), each after a confirmation page with a required reason, recorded in
+24 h cap every refunder shares), dismissed or resolved, dead letters replayed (the consumer's
+replay path), and a stream's billing paused or resumed (as 'pelguard-consumer pause' does), each
+after a confirmation page with a required reason, recorded in
 console_actions (who, when, what, why) and sent to Slack.
 
 Identity is required: --users-file (name:bcrypt-hash lines; make a hash with
@@ -120,7 +121,7 @@ func (o *ServeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.UsersFile, "users-file", cli.Env("PELGUARD_CONSOLE_USERS_FILE", ""), "file of name:bcrypt-hash lines, one per person [PELGUARD_CONSOLE_USERS_FILE]")
 	fs.StringVar(&o.ProxyUserHeader, "proxy-user-header", "", "header naming the user, set by an authenticating reverse proxy (e.g. X-Forwarded-User); needs --trusted-proxy")
 	fs.Var((*listFlag)(&o.TrustedProxies), "trusted-proxy", "address or CIDR of the proxy whose user header is believed; repeatable")
-	fs.BoolVar(&o.AllowActions, "allow-actions", false, "allow refund, dismiss, resolve and replay (default: read-only)")
+	fs.BoolVar(&o.AllowActions, "allow-actions", false, "allow refund, dismiss, resolve, replay, pause and resume (default: read-only)")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "TLS key file")
 	cli.RegisterRedis(fs, &o.RedisURL)

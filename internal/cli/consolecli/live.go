@@ -2,7 +2,6 @@ package consolecli
 
 import (
 	"flag"
-	"github.com/pelguard/pelguard/consumer"
 	"net/url"
 	"strings"
 	"time"
@@ -38,7 +37,7 @@ func (o *LiveOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.StrictFields, "strict-fields", false, "the reaper's --strict-fields, for the PEL page's verdicts")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "the reaper's --external-ledger, for the PEL page's verdicts [PELGUARD_EXTERNAL_LEDGER]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "the reaper's --external-max-call, with --external-ledger [PELGUARD_EXTERNAL_MAX_CALL]")
-	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "the streams' namespace (part of every idempotency key and meter-event identifier), for the PEL page's verdicts; the console refuses to start with another one than the streams record [PELGUARD_NAMESPACE]")
+	cli.RegisterNamespace(fs, &o.Namespace, "the streams' namespace (part of every idempotency key and meter-event identifier), for the PEL page's verdicts; the console refuses to start with another one than the streams record")
 	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "the reaper's --consumer-idle: a consumer gone this long (no heartbeat, no read) and holding nothing leaves the consumers panel (0: list every one)")
 	fs.DurationVar(&o.Refresh, "refresh", console.DefaultRefresh, "how often the overview and the PEL page reload themselves; 0 never")
 	fs.StringVar(&o.PrometheusURL, "prometheus-url", cli.Env("PELGUARD_PROMETHEUS_URL", ""), "Prometheus's base URL (http://prometheus:9090): the overview then shows the fleet's Stripe limiter (rate by role, waits, 429s) [PELGUARD_PROMETHEUS_URL]")

@@ -34,35 +34,22 @@ cleanly, 2 bad flags, 3 Redis or Postgres unreachable after --wait-for-deps.`
 
 // MeterOptions are the flags of `consumer meter-events`.
 type MeterOptions struct {
-	RedisURL, DatabaseURL string
-	Schema                string
-	Namespace             string
-	Streams               cli.Streams
-	Group                 string
-	Name                  string
-	Count                 int64
-	Block                 time.Duration
-	Workers               int
-	Pipeline              int
-	Lease                 time.Duration
-	SafeWindow            time.Duration
-	MetricsAddr           string
-	WaitForDeps           time.Duration
-	MaxDBConns            int
-	Log                   cli.Logging
-	Stripe                cli.Stripe
-	Slack                 cli.Slack
+	cli.RoleFlags
+	Namespace  string
+	Name       string
+	Count      int64
+	Block      time.Duration
+	Workers    int
+	Pipeline   int
+	Lease      time.Duration
+	SafeWindow time.Duration
 
 	streams []cli.StreamGroup
 }
 
 func (o *MeterOptions) register(fs *flag.FlagSet) {
-	cli.RegisterRedis(fs, &o.RedisURL)
-	cli.RegisterDatabase(fs, &o.DatabaseURL)
-	cli.RegisterSchema(fs, &o.Schema)
-	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace),
-		"part of every meter event's identifier: give each environment its own [PELGUARD_NAMESPACE]")
-	cli.RegisterStreams(fs, &o.Streams, &o.Group, "send (one meter consumer per stream)")
+	o.RoleFlags.Register(fs, cli.ConsumerMetrics.Verb("send (one meter consumer per stream)"))
+	cli.RegisterNamespace(fs, &o.Namespace, "part of every meter event's identifier: give each environment its own")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name; empty: unique per process [PELGUARD_CONSUMER_NAME]")
 	fs.Int64Var(&o.Count, "count", 100, "entries per read, reserved and recorded in one transaction each")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
@@ -70,17 +57,11 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
-	cli.RegisterWait(fs, &o.WaitForDeps)
-	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
-	o.Log.Register(fs)
-	o.Stripe.Register(fs)
-	o.Slack.Register(fs)
 }
 
 // Validate checks the flags before anything is built.
 func (o *MeterOptions) Validate() error {
-	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	streams, err := o.Streams.Resolve(o.Group)
@@ -98,13 +79,7 @@ func (o *MeterOptions) Validate() error {
 	case o.SafeWindow <= 0 || o.SafeWindow >= 24*time.Hour:
 		return cli.Usagef("--safe-window %s must be positive and below Stripe's 24h identifier window", o.SafeWindow)
 	}
-	if err := o.Log.Validate(); err != nil {
-		return err
-	}
-	if err := o.Stripe.Validate(); err != nil {
-		return err
-	}
-	return cli.ValidateWait(o.WaitForDeps)
+	return o.RoleFlags.Validate(true)
 }
 
 func meterCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
@@ -126,8 +101,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	rp, err := cli.BuildRole(ctx, stderr, cli.Role{Metrics: role, Witness: "consumer", Name: o.Name, Schema: o.Schema,
-		RedisURL: o.RedisURL, DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Stripe: &o.Stripe, Share: stripelimit.RoleBilling, Conns: conns})
+	rp, err := cli.BuildRole(ctx, stderr, o.Role(role, "consumer", o.Name, true, stripelimit.RoleBilling, conns))
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}

@@ -39,50 +39,32 @@ action_required, alerted and dead-lettered: replay it once the customer has fixe
 
 // RunOptions are the flags of `consumer run`.
 type RunOptions struct {
-	RedisURL, DatabaseURL string
-	Schema                string
+	cli.RoleFlags
 	cli.Charging
-	Streams                 cli.Streams
-	Group                   string
 	Name                    string
 	Count                   int64
 	Block                   time.Duration
 	Workers                 int
 	Lease                   time.Duration
 	ShutdownTimeout         time.Duration
-	MetricsAddr             string
 	DeadLetterAlertInterval time.Duration
-	WaitForDeps             time.Duration
-	MaxDBConns              int
 	FollowUpEvery           time.Duration
-	Log                     cli.Logging
-	Stripe                  cli.Stripe
-	Slack                   cli.Slack
 
 	streams []cli.StreamGroup // resolved by Validate
 }
 
 func (o *RunOptions) register(fs *flag.FlagSet) {
-	cli.RegisterRedis(fs, &o.RedisURL)
-	cli.RegisterDatabase(fs, &o.DatabaseURL)
-	cli.RegisterSchema(fs, &o.Schema)
+	o.RoleFlags.Register(fs, cli.ConsumerMetrics.Verb("consume (one consumer per stream, each with --workers)"))
 	o.Charging.Register(fs, "give each environment its own")
-	cli.RegisterStreams(fs, &o.Streams, &o.Group, "consume (one consumer per stream, each with --workers)")
 	fs.StringVar(&o.Name, "name", cli.Env("PELGUARD_CONSUMER_NAME", ""), "pinned consumer name (e.g. a StatefulSet pod name): drains its own pending entries after a restart;\nempty: unique per process (host-pid-random) [PELGUARD_CONSUMER_NAME]")
 	fs.Int64Var(&o.Count, "count", consumer.DefaultCount, "XREADGROUP COUNT (acks are always per event)")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
 	fs.IntVar(&o.Workers, "workers", consumer.DefaultWorkers, "events handled at once")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "ledger lease; the heartbeat renews it every lease/3")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long events in flight may take to finish")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
 	fs.DurationVar(&o.DeadLetterAlertInterval, "dead-letter-alert-interval", time.Minute, "dead-letter alerts are aggregated over this interval")
-	cli.RegisterWait(fs, &o.WaitForDeps)
-	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
 	fs.DurationVar(&o.FollowUpEvery, "follow-up-every", consumer.DefaultFollowUpEvery,
 		"how often to poll processing bank debits and charge due retries from the ledger (0: off; some consumer must run it)")
-	o.Log.Register(fs)
-	o.Stripe.Register(fs)
-	o.Slack.Register(fs)
 }
 
 // Validate checks what the flags decide alone, before anything is built.
@@ -90,7 +72,7 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 // builds the consumers: also before any connection is tried, so a wrong
 // flag exits 2 at once, never after --wait-for-deps.
 func (o *RunOptions) Validate() error {
-	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	streams, err := o.Streams.Resolve(o.Group)
@@ -98,12 +80,6 @@ func (o *RunOptions) Validate() error {
 		return err
 	}
 	o.streams = streams
-	if err := o.Log.Validate(); err != nil {
-		return err
-	}
-	if err := o.Stripe.Validate(); err != nil {
-		return err
-	}
 	if err := o.Retries.Validate(); err != nil {
 		return err
 	}
@@ -113,7 +89,7 @@ func (o *RunOptions) Validate() error {
 	if o.ShutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
 	}
-	return cli.ValidateWait(o.WaitForDeps)
+	return o.RoleFlags.Validate(true)
 }
 
 func runCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
@@ -138,8 +114,9 @@ func (o *RunOptions) run(ctx context.Context, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	rp, err := cli.BuildRole(ctx, stderr, cli.Role{Metrics: role, Witness: role, Trace: role, Name: o.Name, Schema: o.Schema,
-		RedisURL: o.RedisURL, DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Stripe: &o.Stripe, Share: stripelimit.RoleBilling, Conns: conns})
+	spec := o.Role(role, role, o.Name, true, stripelimit.RoleBilling, conns)
+	spec.Trace = role
+	rp, err := cli.BuildRole(ctx, stderr, spec)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}

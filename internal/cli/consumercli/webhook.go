@@ -53,7 +53,7 @@ func (o *WebhookOptions) register(fs *flag.FlagSet) {
 	cli.RegisterDatabase(fs, &o.DatabaseURL)
 	cli.RegisterSchema(fs, &o.Schema)
 	fs.StringVar(&o.Listen, "listen", cli.Env("PELGUARD_WEBHOOK_LISTEN", ":8089"), "address Stripe's POSTs reach (behind a TLS-terminating ingress) [PELGUARD_WEBHOOK_LISTEN]")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
+	cli.RegisterMetricsAddr(fs, &o.MetricsAddr, cli.ConsumerMetrics.MetricsEnv, cli.ConsumerMetrics.MetricsDefault)
 	fs.DurationVar(&o.Tolerance, "tolerance", consumer.DefaultWebhookTolerance, "refuse events whose signature is older than this (replay protection)")
 	cli.RegisterWait(fs, &o.WaitForDeps)
 	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)

@@ -43,17 +43,14 @@ refused unless --allow-unrestricted-key.`
 
 // RunOptions are the flags of `reaper run`.
 type RunOptions struct {
-	RedisURL, DatabaseURL string
-	Schema                string
+	cli.RoleFlags
 	cli.Charging
 	StoppedConsumers   string
 	ExternalLedger     string
 	ExternalMaxCall    time.Duration
 	ExternalInsert     string
-	Streams            cli.Streams
 	MeterStreams       cli.Streams
 	MeterSafeWindow    time.Duration
-	Group              string
 	Name               string
 	MinIdle            time.Duration
 	Interval           time.Duration
@@ -68,27 +65,18 @@ type RunOptions struct {
 	Lease              time.Duration
 	DryRun, Once, JSON bool
 	ShutdownTimeout    time.Duration
-	MetricsAddr        string
-	WaitForDeps        time.Duration
-	MaxDBConns         int
-	Log                cli.Logging
-	Stripe             cli.Stripe
-	Slack              cli.Slack
 
 	streams      []reaper.StreamGroup // resolved by Validate
 	meterStreams []reaper.StreamGroup
 }
 
 func (o *RunOptions) register(fs *flag.FlagSet) {
-	cli.RegisterRedis(fs, &o.RedisURL)
-	cli.RegisterDatabase(fs, &o.DatabaseURL)
-	cli.RegisterSchema(fs, &o.Schema)
+	o.RoleFlags.Register(fs, cli.ReaperMetrics.Verb("reap"))
 	o.Charging.Register(fs, "must match the consumers'")
 	fs.StringVar(&o.StoppedConsumers, "stopped-consumers", cli.Env("PELGUARD_STOPPED_CONSUMERS", ""), "comma-separated group members that never registered as pelguard consumers (a team's old consumers) and are stopped: their entries are re-driven after the ledger check instead of left alone [PELGUARD_STOPPED_CONSUMERS]")
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "a team's own billing table (schema.table; columns customer_id, billing_period, charge_id, status) that is the ledger: keep the team's consumer, replace only its stuck-message monitor. Needs --external-max-call and --stripe-mode charges [PELGUARD_EXTERNAL_LEDGER]")
 	fs.StringVar(&o.ExternalInsert, "external-insert", cli.Env("PELGUARD_EXTERNAL_INSERT", ""), "with --external-ledger, for a table of another shape: the team consumer's INSERT with $1 customer_id, $2 billing_period, $3 charge_id (NULL on a decline), $4 amount_cents, $5 status, $6 error; empty: the common INSERT … ON CONFLICT DO NOTHING [PELGUARD_EXTERNAL_INSERT]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "with --external-ledger: the team consumer's worst-case Stripe call (client timeout × attempts); --min-idle must be at least twice it [PELGUARD_EXTERNAL_MAX_CALL]")
-	cli.RegisterStreams(fs, &o.Streams, &o.Group, "reap")
 	fs.Var(&o.MeterStreams, "meter-stream", "meter-event stream to reap (the streams of pelguard-consumer meter-events), repeatable: name (with --group) or name=group;\n"+
 		"its entries are decided against the meter ledger. Given alone, no charge stream is reaped unless --stream is given too")
 	fs.DurationVar(&o.MeterSafeWindow, "meter-safe-window", 23*time.Hour, "with --meter-stream: the meter consumers' --safe-window (an event of unknown outcome is re-sent only this long after its first attempt)")
@@ -108,18 +96,12 @@ func (o *RunOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.JSON, "json", false, "with --dry-run: print decisions as JSON lines instead of a table")
 	fs.BoolVar(&o.Once, "once", false, "run one pass, wait for its re-drives, and exit")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long re-drives in flight may take to finish")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_REAPER_METRICS_ADDR", "127.0.0.1:9465"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_REAPER_METRICS_ADDR]")
-	cli.RegisterWait(fs, &o.WaitForDeps)
-	cli.RegisterMaxDBConns(fs, &o.MaxDBConns)
-	o.Log.Register(fs)
-	o.Stripe.Register(fs)
-	o.Slack.Register(fs)
 }
 
 // Validate checks what the flags decide alone. reaper.Config.Validate
 // checks the rest when run builds the reaper, before any connection.
 func (o *RunOptions) Validate() error {
-	if err := cli.CheckSchemaFlag(o.DatabaseURL, o.Schema); err != nil {
+	if err := o.RoleFlags.CheckSchema(); err != nil {
 		return err
 	}
 	if len(o.MeterStreams) > 0 {
@@ -159,18 +141,10 @@ func (o *RunOptions) Validate() error {
 	if o.JSON && !o.DryRun {
 		return cli.Usagef("--json formats --dry-run's decisions; add --dry-run (live decisions are logged at debug)")
 	}
-	if err := o.Log.Validate(); err != nil {
-		return err
-	}
-	if !o.DryRun {
-		if err := o.Stripe.Validate(); err != nil {
-			return err
-		}
-	}
 	if o.ShutdownTimeout <= 0 {
 		return cli.Usagef("--shutdown-timeout %s must be positive", o.ShutdownTimeout)
 	}
-	return cli.ValidateWait(o.WaitForDeps)
+	return o.RoleFlags.Validate(!o.DryRun) // a dry run needs no key
 }
 
 // validateExternal checks the --external-ledger flags before anything
@@ -213,11 +187,8 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
 	}
-	spec := cli.Role{Metrics: role, Witness: role, Trace: role, Name: o.Name, Schema: o.Schema, RedisURL: o.RedisURL,
-		DBURL: o.DatabaseURL, Log: o.Log, Slack: o.Slack, Share: stripelimit.RoleRedrive, Conns: conns}
-	if !o.DryRun {
-		spec.Stripe = &o.Stripe // a dry run needs no key
-	}
+	spec := o.Role(role, role, o.Name, !o.DryRun, stripelimit.RoleRedrive, conns) // a dry run needs no key
+	spec.Trace = role
 	rp, err := cli.BuildRole(ctx, stderr, spec)
 	if err != nil {
 		return cli.Fail(stderr, prog, err)
