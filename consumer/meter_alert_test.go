@@ -15,10 +15,12 @@ import (
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
-// TestMeterDeadLettersAlert: a usage event refused by Stripe (no such
+// TestMeterDeadLettersAlert: usage events refused by Stripe (no such
 // meter) and a malformed one are dead-lettered and, like the billing
 // consumer's, raise one dead_letters alert for the stream naming both
-// reasons and the customer, with the replay command for that stream.
+// reasons and the customer, with the replay command for that stream. The
+// first refusal is announced by the meter_missing alert and is not counted
+// again in the dead_letters alert: one event, one message.
 func TestMeterDeadLettersAlert(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
@@ -28,27 +30,27 @@ func TestMeterDeadLettersAlert(t *testing.T) {
 	t.Cleanup(func() { _ = dl.Stop(context.Background()) })
 	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
 		Stripe: b.stripe, Stream: b.stream, Group: b.group, Name: "m-a", Namespace: "test", Block: 50 * time.Millisecond,
-		Lease: 3 * time.Second, DeadLetters: dl, Logger: testenv.Logger(t), Clock: b.clk})
+		Lease: 3 * time.Second, DeadLetters: dl, Notifier: mem, Logger: testenv.Logger(t), Clock: b.clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	b.addMeter(t, meterEvent(7, 7, now.Add(-time.Minute)))
+	b.addMeter(t, meterEvent(8, 8, now.Add(-time.Minute)), meterEvent(7, 7, now.Add(-time.Minute)))
 	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": `{"event_name":`}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := c.ProcessBatch(ctx, b.read(t, "m-a", 2))
-	if err != nil || got.DeadLetters != 2 {
-		t.Fatalf("batch %+v %v: want two dead letters", got, err)
+	got, err := c.ProcessBatch(ctx, b.read(t, "m-a", 3))
+	if err != nil || got.DeadLetters != 3 {
+		t.Fatalf("batch %+v %v: want three dead letters", got, err)
 	}
 	if n := dl.Flush(); n != 1 {
 		t.Fatalf("flushed %d alerts, want one for the stream", n)
 	}
 	as := mem.Alerts()
-	if len(as) != 1 || as[0].Kind != alerts.KindDeadLetters {
-		t.Fatalf("alerts %+v: want one dead_letters", as)
+	if len(as) != 2 || as[0].Kind != alerts.KindMeterMissing || as[1].Kind != alerts.KindDeadLetters {
+		t.Fatalf("alerts %+v: want meter_missing, then one dead_letters", as)
 	}
-	a := as[0]
+	a := as[1]
 	if !strings.Contains(a.Title, "2 events dead-lettered on "+b.stream) {
 		t.Errorf("title %q", a.Title)
 	}
