@@ -13,6 +13,7 @@ import (
 	"github.com/pelguard/pelguard/alerts"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
+	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // TestMeterDeadLettersAlert: usage events refused by Stripe (no such
@@ -73,15 +74,24 @@ func TestMeterDeadLettersAlert(t *testing.T) {
 // refused; the first refusal says so once (one meter_missing alert, one
 // error log line) with the event name, how to create the meter and how to
 // replay, however many events follow; a refusal of another kind does not.
+// The Stripe client logs into the same logger at the binaries' default
+// level (info), as they build it: stripe-go's own line per refused request
+// ("Request error from Stripe (status 400) …", a warning each) is not in
+// it, so the one line above is all the log says of the missing meter.
 func TestMeterMissingSaysSoOnce(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
 	b := setup(t, opts{simNow: now}) // no meter at the emulator
 	mem := alerts.NewMemory()
 	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: testKey, BaseURL: b.sim.URL(), MaxNetworkRetries: -1, Timeout: 10 * time.Second, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
-		Stripe: b.stripe, Stream: b.stream, Group: b.group, Name: "m-a", Namespace: "test", Block: 50 * time.Millisecond,
-		Lease: 3 * time.Second, Notifier: mem, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Clock: b.clk})
+		Stripe: sc, Stream: b.stream, Group: b.group, Name: "m-a", Namespace: "test", Block: 50 * time.Millisecond,
+		Lease: 3 * time.Second, Notifier: mem, Logger: logger, Clock: b.clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +120,11 @@ func TestMeterMissingSaysSoOnce(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "no Stripe meter for this event name"); n != 1 {
 		t.Errorf("%d log lines about the missing meter, want 1:\n%s", n, logs.String())
+	}
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, "stripe-go") || strings.Contains(line, "Request error from Stripe") {
+			t.Errorf("stripe-go's own line reaches the log:\n%s", line)
+		}
 	}
 }
 
