@@ -399,8 +399,9 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			// sends it.
 			b.OverCap++
 			s := cl.Cap
-			c.cfg.Notifier.Notify(alerts.MeterCapReached(it.req.Event.EventName, it.req.Event.StripeCustomerID, s.Month.Format("2006-01"),
-				s.Cap.Cap, s.Cap.Used(s.Units, s.Events), string(s.Cap.Counts), it.req.Event.Value, c.cfg.Stream))
+			NotifyCapOnce(ctx, c.cfg.Redis, c.cfg.Notifier, c.cfg.Schema, c.cfg.Namespace,
+				alerts.MeterCapReached(it.req.Event.EventName, it.req.Event.StripeCustomerID, s.Month.Format("2006-01"),
+					s.Cap.Cap, s.Cap.Used(s.Units, s.Events), string(s.Cap.Counts), it.req.Event.Value, c.cfg.Stream))
 			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonSpendCap, Detail: cl.Reason, Alerted: true})
 			c.count(&b, it.msg.ID, OutcomeSpendCap)
 		default: // Busy, SlotBusy, Held

@@ -136,3 +136,84 @@ func TestBillingSpendCapAlertedOnceInSlack(t *testing.T) {
 		t.Fatalf("Slack received %d messages, want the one spend_cap:\n%s", len(got), strings.Join(got, "\n---\n"))
 	}
 }
+
+// TestMeterCapAlertedOnceAcrossTheFleet: two meter consumer processes (each
+// its own Slack notifier, so its own dedupe) refuse events of one capped
+// customer and month: Slack gets one cap message, not one per process (and
+// per dedupe interval, all month). A raised cap reached again is told
+// again, once.
+func TestMeterCapAlertedOnceAcrossTheFleet(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	rec := slacktest.NewRecorder()
+	t.Cleanup(rec.Close)
+	ledger, err := meterledger.New(b.pool, meterledger.Config{Schema: testenv.SchemaOf(b.pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	month := now.Format("2006-01")
+	var keys []string
+	for _, capValue := range []int64{1, 3} {
+		fp := alerts.MeterCapReached(meterName, "cus_0", month, capValue, 0, "", 0, "").Fingerprint
+		keys = append(keys, consumer.CapAlertKey(testenv.SchemaOf(b.pool), "test", fp))
+	}
+	testenv.CleanupKeys(t, b.rdb, keys...)
+	setCap := func(v int64) {
+		if _, err := ledger.SetCap(ctx, meterledger.Cap{EventName: meterName, StripeCustomerID: "cus_0", Month: meterledger.AnyMonth, Cap: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	process := func(name string) (*consumer.MeterConsumer, *alerts.Slack) {
+		slack, err := alerts.NewSlackWebhook(alerts.Config{WebhookURL: rec.WebhookURL(), Logger: testenv.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = slack.Close(context.Background()) })
+		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: testenv.SchemaOf(b.pool),
+			Stripe: b.stripe, Stream: b.stream, Group: b.group, Name: name, Namespace: "test", Block: 50 * time.Millisecond,
+			Lease: 3 * time.Second, Notifier: slack, Logger: testenv.Logger(t), Clock: b.clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, slack
+	}
+	a, slackA := process("m-a")
+	c2, slackB := process("m-b")
+	refuse := func(c *consumer.MeterConsumer, name string, i int) {
+		t.Helper()
+		b.addMeter(t, meterEvent(0, i, now.Add(-time.Minute)))
+		if got, err := c.ProcessBatch(ctx, b.read(t, name, 1)); err != nil || got.OverCap != 1 {
+			t.Fatalf("%s: %+v %v: want the event over the cap", name, got, err)
+		}
+	}
+	setCap(1)
+	refuse(a, "m-a", 1)  // value 2
+	refuse(c2, "m-b", 2) // value 3
+	refuse(a, "m-a", 3)  // value 4
+	setCap(3)
+	refuse(a, "m-a", 8)  // value 4: the process that told of the cap of 1
+	refuse(c2, "m-b", 9) // value 5
+	for _, s := range []*alerts.Slack{slackA, slackB} {
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var caps []string
+	for _, m := range rec.Messages() {
+		caps = append(caps, m.Text)
+	}
+	if len(caps) != 2 || !strings.Contains(caps[0], "Cap: 1 units") || !strings.Contains(caps[1], "Cap: 3 units") {
+		t.Fatalf("Slack received %d messages, want one for the cap of 1 and one for the cap of 3:\n%s", len(caps), strings.Join(caps, "\n---\n"))
+	}
+	if n := b.sim.MeterEventCounts().Recorded; n != 0 {
+		t.Fatalf("Stripe counted %d meter events, want none", n)
+	}
+	// The fleet's memory of each alert expires (bounded.md).
+	for _, k := range keys {
+		if ttl, err := b.rdb.TTL(ctx, k).Result(); err != nil || ttl < consumer.CapAlertTTL-time.Minute || ttl > consumer.CapAlertTTL {
+			t.Errorf("%s: TTL %s %v, want %s", k, ttl, err, consumer.CapAlertTTL)
+		}
+	}
+}

@@ -168,7 +168,8 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
-		p.cfg.Notifier.Notify(alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
+		NotifyCapOnce(ctx, p.cfg.Redis, p.cfg.Notifier, p.cfg.Schema, p.cfg.Namespace,
+			alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
 		return p.deadLetter(ctx, h.stream, msg, ReasonSpendCap, capErr.Error(), OutcomeSpendCap, true)
 	case errors.Is(err, ledger.ErrNoCap):
 		return p.deadLetter(ctx, h.stream, msg, ReasonNoSpendCap,
