@@ -414,6 +414,9 @@ func (a *Auditor) reconcileUsage(ctx context.Context, sp usageSpan, rep *UsageRe
 			return err
 		}
 	}
+	if err := a.store.forgetCompared(ctx, a.cfg.Clock.Now()); err != nil {
+		return err
+	}
 	if a.cfg.Usage.AutoCorrect {
 		if err := a.correctUsage(ctx, rep); err != nil {
 			return err
@@ -556,6 +559,9 @@ func (a *Auditor) reconcileMeter(ctx context.Context, sp usageSpan, m stripeapi.
 		}
 		obs, err := a.store.observeUsage(ctx, rep.RunID, m, measure, results, a.cfg.Usage.StableChecks, a.cfg.Clock.Now())
 		if err != nil {
+			return err
+		}
+		if err := a.store.recordCompared(ctx, rep.RunID, m.EventName, sp, results, a.cfg.Clock.Now()); err != nil {
 			return err
 		}
 		rep.Suspect += obs.suspect

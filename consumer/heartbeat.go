@@ -126,12 +126,10 @@ type heartbeat struct {
 	mu    sync.Mutex
 	holds map[string]*hold // stream + "\x00" + id
 
-	// events counts the stream entries this processor handled (any
+	// statCounter counts the stream entries this processor handled (any
 	// outcome); register publishes it with the rate since its last beat
 	// (liveness.go, Stats).
-	events    atomic.Int64
-	statsMu   sync.Mutex
-	statsLast Stats
+	statCounter
 }
 
 func newHeartbeat(rdb redis.UniversalClient, l *ledger.Ledger, stream, group, name string, lease time.Duration, logger *slog.Logger, m *Metrics, disabled bool) *heartbeat {

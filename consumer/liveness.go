@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -143,20 +145,30 @@ func ReadStats(ctx context.Context, rdb redis.UniversalClient, stream, group str
 	return out, nil
 }
 
-// stats is the consumer's Stats at now: its count, and the rate since the
-// previous beat.
-func (hb *heartbeat) stats(now time.Time) Stats {
-	n := hb.events.Load()
-	hb.statsMu.Lock()
-	defer hb.statsMu.Unlock()
+// statCounter counts the stream entries a consumer handled (any outcome)
+// and computes its Stats at each beat: the count, and the rate since the
+// previous beat. Billing consumers (heartbeat) and meter consumers
+// (MeterConsumer.beat) publish the same.
+type statCounter struct {
+	events    atomic.Int64
+	statsMu   sync.Mutex
+	statsLast Stats
+}
+
+// stats is the Stats at now: the count, and the rate since the previous
+// call.
+func (sc *statCounter) stats(now time.Time) Stats {
+	n := sc.events.Load()
+	sc.statsMu.Lock()
+	defer sc.statsMu.Unlock()
 	st := Stats{Events: n, At: now}
-	if last := hb.statsLast; !last.At.IsZero() {
+	if last := sc.statsLast; !last.At.IsZero() {
 		if dt := now.Sub(last.At).Seconds(); dt > 0 {
 			st.PerSecond = float64(n-last.Events) / dt
 		} else {
 			st.PerSecond = last.PerSecond
 		}
 	}
-	hb.statsLast = st
+	sc.statsLast = st
 	return st
 }

@@ -107,6 +107,8 @@ type MeterConsumer struct {
 	ledgerID  atomic.Pointer[string]
 	// missingMeters are the event names sayMeterMissing has told of.
 	missingMeters sync.Map
+	// live counts the entries handled, published with each liveness beat.
+	live statCounter
 }
 
 // NewMeterConsumer checks cfg and returns a consumer; Run drives it.
@@ -160,6 +162,7 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
 		return err
 	}
+	defer c.beatWhileRunning(ctx)()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -456,7 +459,11 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			c.count(&b, it.msg.ID, OutcomeParked)
 		}
 	}
-	return b, left, c.settle(ctx, acks, dead, sent, &b)
+	err = c.settle(ctx, acks, dead, sent, &b)
+	if err == nil {
+		c.live.events.Add(int64(len(msgs) - len(left)))
+	}
+	return b, left, err
 }
 
 // sentOf is the meter witness of r's event, recorded as rec with status.

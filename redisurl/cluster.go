@@ -48,6 +48,11 @@ func ParseCluster(raw string) (*redis.ClusterOptions, error) {
 		opt.Username = m.userinfo.Username()
 		opt.Password, _ = m.userinfo.Password()
 	}
+	if opt.TLSConfig != nil {
+		// Each node is dialled under its own name: go-redis would verify
+		// every node's certificate against the first seed's name.
+		opt.Dialer = hostDialer(opt.TLSConfig, opt.DialTimeout)
+	}
 	return opt, nil
 }
 

@@ -98,7 +98,46 @@ func TestParseSentinelRefuses(t *testing.T) {
 // for 127.0.0.1 only, both trusted.
 func TestSentinelTLSServerNamePerHost(t *testing.T) {
 	t.Parallel()
-	roots := x509.NewCertPool()
+	roots, p1, p2 := twoTLSServers(t)
+	opt, err := ParseSentinel("rediss+sentinel://localhost:" + p1 + ",127.0.0.1:" + p2 + "/?master_name=m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.TLSConfig.RootCAs = roots
+	handshakeEach(t, Dialer(opt), "localhost:"+p1, "127.0.0.1:"+p2)
+	// go-redis's own configuration (ServerName: the first sentinel) fails
+	// the second: what the per-host dialer fixes.
+	cfg := opt.TLSConfig.Clone()
+	if cfg.ServerName != "localhost" {
+		t.Fatalf("go-redis's ServerName = %q, want the first sentinel's", cfg.ServerName)
+	}
+	if c, err := tls.Dial("tcp", "127.0.0.1:"+p2, cfg); err == nil {
+		c.Close()
+		t.Error("the first sentinel's ServerName verified the second's certificate")
+	}
+}
+
+// The same for a cluster's nodes: each verified under the host dialled,
+// not the first seed's.
+func TestClusterTLSServerNamePerHost(t *testing.T) {
+	t.Parallel()
+	roots, p1, p2 := twoTLSServers(t)
+	opt, err := ParseCluster("rediss+cluster://localhost:" + p1 + ",127.0.0.1:" + p2 + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opt.Dialer == nil {
+		t.Fatal("a TLS cluster URL has no per-host dialer: every node would be verified as the first seed")
+	}
+	opt.TLSConfig.RootCAs = roots
+	handshakeEach(t, opt.Dialer, "localhost:"+p1, "127.0.0.1:"+p2)
+}
+
+// twoTLSServers serves TLS handshakes on two loopback ports, one with a
+// certificate for "localhost" only, one for 127.0.0.1 only; roots trusts both.
+func twoTLSServers(t *testing.T) (roots *x509.CertPool, p1, p2 string) {
+	t.Helper()
+	roots = x509.NewCertPool()
 	serve := func(name string) string {
 		cert := selfSigned(t, name)
 		roots.AddCert(cert.Leaf)
@@ -119,14 +158,12 @@ func TestSentinelTLSServerNamePerHost(t *testing.T) {
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
 		return port
 	}
-	p1, p2 := serve("localhost"), serve("127.0.0.1")
-	opt, err := ParseSentinel("rediss+sentinel://localhost:" + p1 + ",127.0.0.1:" + p2 + "/?master_name=m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.TLSConfig.RootCAs = roots
-	dial := Dialer(opt)
-	for _, addr := range []string{"localhost:" + p1, "127.0.0.1:" + p2} {
+	return roots, serve("localhost"), serve("127.0.0.1")
+}
+
+func handshakeEach(t *testing.T, dial func(context.Context, string, string) (net.Conn, error), addrs ...string) {
+	t.Helper()
+	for _, addr := range addrs {
 		c, err := dial(context.Background(), "tcp", addr)
 		if err != nil {
 			t.Errorf("dial %s: %v", addr, err)
@@ -136,16 +173,6 @@ func TestSentinelTLSServerNamePerHost(t *testing.T) {
 			t.Errorf("handshake with %s: %v", addr, err)
 		}
 		c.Close()
-	}
-	// go-redis's own configuration (ServerName: the first sentinel) fails
-	// the second: what the per-host dialer fixes.
-	cfg := opt.TLSConfig.Clone()
-	if cfg.ServerName != "localhost" {
-		t.Fatalf("go-redis's ServerName = %q, want the first sentinel's", cfg.ServerName)
-	}
-	if c, err := tls.Dial("tcp", "127.0.0.1:"+p2, cfg); err == nil {
-		c.Close()
-		t.Error("the first sentinel's ServerName verified the second's certificate")
 	}
 }
 

@@ -78,12 +78,17 @@ func ParseSentinel(raw string) (*redis.FailoverOptions, error) {
 // which ParseFailoverURL gives the first sentinel's name, for every sentinel
 // and for the primary. Without TLS it is a plain dialer.
 func Dialer(opt *redis.FailoverOptions) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	timeout := opt.DialTimeout
+	return hostDialer(opt.TLSConfig, opt.DialTimeout)
+}
+
+// hostDialer dials with base (read at each dial: a caller may still set
+// its roots), its ServerName the host dialled unless verification is off;
+// nil base: a plain dialer.
+func hostDialer(base *tls.Config, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute}
-	base := opt.TLSConfig
 	if base == nil {
 		return nd.DialContext
 	}

@@ -76,7 +76,7 @@ func (s *Server) finish(ctx context.Context, id int64, user, action, target, rea
 	s.cfg.Notifier.Notify(alerts.Alert{
 		Kind:  KindConsoleAction,
 		Title: fmt.Sprintf("Console: %s — %s %s (%s)", user, action, target, outcome),
-		Text:  "*Reason:* " + alerts.Escape(reason),
+		Text:  "*Reason:* " + alerts.Escape(redact.String(reason)),
 		Fields: []alerts.Field{{Label: "Who", Value: alerts.Escape(user)}, {Label: "Action", Value: action},
 			{Label: "Target", Value: alerts.Escape(target)}, {Label: "Outcome", Value: outcome},
 			{Label: "Detail", Value: alerts.Escape(truncate(detail, 500))}, {Label: "Console action", Value: strconv.FormatInt(id, 10)}},
@@ -87,10 +87,12 @@ func (s *Server) finish(ctx context.Context, id int64, user, action, target, rea
 // errNoReason is what a confirmation form submitted without a reason says.
 const errNoReason = "A reason is required: say why you do this. It is recorded with your name and sent to Slack."
 
-// reasonOf is the form's required reason.
+// reasonOf is the form's required reason, redacted as alerts are: a key,
+// a card number or a password typed into it is never stored, shown or
+// sent to Slack (pages show no secret).
 func reasonOf(r *http.Request) (string, bool) {
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	return truncate(reason, 1000), reason != ""
+	return redact.String(truncate(reason, 1000)), reason != ""
 }
 
 // doFinding is POST /findings/{id}/{refund|dismiss|resolve}.
@@ -194,6 +196,9 @@ func (s *Server) doReplay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	deadID, reason := r.PostFormValue("id"), r.PostFormValue("reason_filter")
+	if refuseStreamID(w, "id", deadID) {
+		return
+	}
 	action := actReplay
 	if deadID == "" {
 		action = actReplayReason

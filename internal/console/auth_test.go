@@ -84,6 +84,9 @@ func TestLoginRedirectStaysOnSite(t *testing.T) {
 		}
 		resp.Body.Close()
 		loc := resp.Header.Get("Location")
+		if resp.StatusCode == http.StatusBadRequest && badText(next) != "" {
+			continue // a NUL byte or invalid UTF-8: refused before the login (TestCarelessInputIsRefused), no redirect at all
+		}
 		if resp.StatusCode != http.StatusSeeOther {
 			t.Fatalf("next %q: %d", next, resp.StatusCode)
 		}

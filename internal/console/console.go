@@ -119,6 +119,11 @@ type Config struct {
 	MaxLoginFailuresPerAddr int
 	// Reaper is the reaper's policy the PEL page judges entries by.
 	Reaper ReaperPolicy
+	// ConsumerIdle is the reaper's --consumer-idle: a consumer gone this
+	// long (no heartbeat, no read) and holding nothing leaves the
+	// consumers panel. Zero means reaper.DefaultConsumerIdle; negative
+	// keeps every consumer listed.
+	ConsumerIdle time.Duration
 	// Refresh is how often the overview and the PEL page reload themselves
 	// (a meta refresh: no script). Zero means DefaultRefresh; negative
 	// turns it off. ?refresh=0 turns it off for one page.
@@ -174,6 +179,7 @@ func (c Config) withDefaults() Config {
 	c.MaxLoginFailuresPerUser = cmp.Or(c.MaxLoginFailuresPerUser, DefaultMaxLoginFailuresPerUser)
 	c.MaxLoginFailuresPerAddr = cmp.Or(c.MaxLoginFailuresPerAddr, DefaultMaxLoginFailuresPerAddr)
 	c.Refresh = cmp.Or(c.Refresh, DefaultRefresh)
+	c.ConsumerIdle = cmp.Or(c.ConsumerIdle, reaper.DefaultConsumerIdle)
 	c.MaxRefundCents = cmp.Or(c.MaxRefundCents, audit.DefaultMaxCents)
 	c.DashboardURL = strings.TrimRight(cmp.Or(c.DashboardURL, DefaultDashboardURL), "/")
 	if c.TestMode {
@@ -261,6 +267,7 @@ func (s *Server) routes() {
 	m.Handle("GET /actions", s.authed(s.actions))
 	m.Handle("GET /ledger", s.authed(s.ledgerPage))
 	m.Handle("GET /usage", s.authed(s.usagePage))
+	m.Handle("GET /meter-events", s.authed(s.meterEventsPage))
 	m.Handle("GET /actions/{id}", s.authed(s.actionPage))
 	m.Handle("GET /pel", s.authed(s.pelPage))
 	s.mux = m
@@ -280,6 +287,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	if r.TLS != nil {
 		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
+	if why := badInput(w, r); why != "" {
+		http.Error(w, "bad request: "+why, http.StatusBadRequest)
+		return
 	}
 	s.mux.ServeHTTP(w, r)
 }

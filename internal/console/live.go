@@ -31,21 +31,29 @@ const maxConsumersShown = 50
 // that left it.
 type consumerRow struct {
 	Stream, Name string
-	Beat         string // the last heartbeat, ago; "" when never registered
-	Silent       bool   // no heartbeat for longer than the default lease
+	State        consumerState
 	Member       bool   // in the group
 	Held         int64  // pending entries it owns
 	Idle         string // since it last read or claimed (XINFO)
 	HasStats     bool
 	PerSecond    float64
 	Events       int64
-	beatAge      time.Duration
+	beatAge      time.Duration // 1<<63-1 when never registered
+	memberIdle   time.Duration
+}
+
+// consumerPanel is the consumers of every stream, and how many were left
+// out as gone longer than --consumer-idle.
+type consumerPanel struct {
+	Rows []consumerRow
+	Gone int
 }
 
 // consumers lists each stream's consumers: group members (XINFO CONSUMERS)
-// and registered ones, live first.
-func (s *Server) consumers(ctx context.Context) ([]consumerRow, error) {
-	var out []consumerRow
+// and registered ones, live first; those gone longer than --consumer-idle
+// are counted, not listed.
+func (s *Server) consumers(ctx context.Context) (consumerPanel, error) {
+	var out consumerPanel
 	now := s.now()
 	for _, st := range s.cfg.Streams {
 		rows := map[string]*consumerRow{}
@@ -59,23 +67,27 @@ func (s *Server) consumers(ctx context.Context) ([]consumerRow, error) {
 		}
 		members, err := s.cfg.Redis.XInfoConsumers(ctx, st.Name, st.Group).Result()
 		if err != nil && !redis.HasErrorPrefix(err, "NOGROUP") && !redis.HasErrorPrefix(err, "no such key") {
-			return nil, fmt.Errorf("XINFO CONSUMERS %s: %w", st.Name, err)
+			return out, fmt.Errorf("XINFO CONSUMERS %s: %w", st.Name, err)
 		}
 		for _, m := range members {
 			r := get(m.Name)
-			r.Member, r.Held, r.Idle = true, m.Pending, ago(m.Idle)
+			r.Member, r.Held, r.Idle, r.memberIdle = true, m.Pending, ago(m.Idle), m.Idle
 		}
 		beats, err := consumer.Registered(ctx, s.cfg.Redis, st.Name, st.Group)
 		if err != nil {
-			return nil, err
+			return out, err
 		}
 		for name, at := range beats {
-			r := get(name)
-			r.beatAge = max(0, now.Sub(at))
-			r.Beat, r.Silent = ago(r.beatAge), r.beatAge > consumer.DefaultLease
+			get(name).beatAge = max(0, now.Sub(at))
 		}
 		list := make([]*consumerRow, 0, len(rows))
-		for _, r := range rows {
+		for name, r := range rows {
+			_, registered := beats[name]
+			r.State = s.stateOf(st, name, registered, r.beatAge)
+			if s.gone(r) {
+				out.Gone++
+				continue
+			}
 			list = append(list, r)
 		}
 		sort.Slice(list, func(i, j int) bool {
@@ -91,13 +103,13 @@ func (s *Server) consumers(ctx context.Context) ([]consumerRow, error) {
 		}
 		stats, err := consumer.ReadStats(ctx, s.cfg.Redis, st.Name, st.Group, names)
 		if err != nil {
-			return nil, err
+			return out, err
 		}
 		for _, r := range list {
 			if x, ok := stats[r.Name]; ok {
 				r.HasStats, r.PerSecond, r.Events = true, x.PerSecond, x.Events
 			}
-			out = append(out, *r)
+			out.Rows = append(out.Rows, *r)
 		}
 	}
 	return out, nil
@@ -221,7 +233,7 @@ func (s *Server) webhooks(ctx context.Context) (webhookFreshness, error) {
 // liveData is the live pipeline, gathered at once (the parts read
 // different stores, and the overview's own queries run beside them).
 type liveData struct {
-	Consumers    []consumerRow
+	Consumers    consumerPanel
 	Passes       []passRow
 	AuditRuns    []auditRun
 	Webhooks     webhookFreshness

@@ -138,8 +138,8 @@ func TestOverviewShowsLivePipeline(t *testing.T) {
 	cell := func(i int) string {
 		return strings.TrimSpace(regexp.MustCompile(`<[^>]+>`).ReplaceAllString(cells[i][1], ""))
 	}
-	if cell(2) != "0s ago" || cell(3) != "0" || cell(5) != fmt.Sprint(n) {
-		t.Errorf("running consumer: heartbeat %q, held %q, events %q; want 0s ago, 0, %d", cell(2), cell(3), cell(5), n)
+	if cell(2) != "live, heartbeat 0s ago" || cell(3) != "0" || cell(5) != fmt.Sprint(n) {
+		t.Errorf("running consumer: state %q, held %q, events %q; want live, heartbeat 0s ago, 0, %d", cell(2), cell(3), cell(5), n)
 	}
 	for _, want := range []string{
 		`id="consumer-consumer-dead"`, "silent 1.0h", "never registered", // the PEL's owners
@@ -155,7 +155,7 @@ func TestOverviewShowsLivePipeline(t *testing.T) {
 			t.Errorf("the overview does not show %q", want)
 		}
 	}
-	if runs := regexp.MustCompile(`<tr><td>#\d+ <span class="st st-ok">ok</span>`).FindAllString(page, -1); len(runs) != 1 {
+	if runs := regexp.MustCompile(`<tr><td data-label="run">#\d+ <span class="st st-ok">ok</span>`).FindAllString(page, -1); len(runs) != 1 {
 		t.Errorf("want the auditor's one run listed, got %d", len(runs))
 	}
 }

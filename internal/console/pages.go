@@ -20,7 +20,7 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel", "usage"}
+var pageNames = []string{"login", "overview", "findings", "finding", "confirm", "dead", "customer", "actions", "action", "ledger", "search", "pel", "usage", "meterevents"}
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -162,6 +162,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	// after a failover, the promoted one.
 	data["RedisPrimary"], _ = redisurl.Primary(s.cfg.Redis)
 	data["PassLog"], data["Refresh"], data["Prometheus"] = reaper.PassLogLength, s.refresh(r), s.cfg.PrometheusURL != ""
+	if s.cfg.ConsumerIdle > 0 {
+		data["ConsumerIdle"] = s.cfg.ConsumerIdle
+	}
 	lr := <-liveCh
 	if lr.err != nil {
 		s.fail(w, r, lr.err)
@@ -368,6 +371,9 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason := q.Get("reason")
+	if refuseStreamID(w, "after", q.Get("after")) {
+		return
+	}
 	rows, next, err := s.deadPage(r.Context(), st.Name, reason, q.Get("after"))
 	if err != nil {
 		s.fail(w, r, err)
@@ -385,6 +391,9 @@ func (s *Server) confirmReplay(w http.ResponseWriter, r *http.Request) {
 	st, err := s.stream(q.Get("stream"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	if refuseStreamID(w, "id", q.Get("id")) {
 		return
 	}
 	data, err := s.replayConfirm(r, st, q.Get("id"), q.Get("reason"), "")

@@ -69,8 +69,7 @@ type pelRow struct {
 	Key, Reason  string
 	Detail       string // the dead letter's detail, for the kinds that dead-letter
 	Due          bool
-	Registered   bool
-	Beat         string // the owner's last heartbeat, "" when never
+	Owner        consumerState // the owner's state, as the overview says it
 	Row          *reaper.RowState
 }
 
@@ -98,6 +97,9 @@ func (s *Server) pelPage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	owner, after := strings.TrimSpace(q.Get("consumer")), q.Get("after")
+	if refuseStreamID(w, "after", after) {
+		return
+	}
 	data := map[string]any{"Stream": st.Name, "Group": st.Group, "Streams": s.cfg.Streams, "Owner": owner, "After": after,
 		"Policy": s.explainer.Policy(), "Refresh": s.refresh(r)}
 	rows, next, err := s.pelRows(ctx, st, owner, after)
@@ -170,10 +172,9 @@ func (s *Server) pelRows(ctx context.Context, st Stream, owner, after string) ([
 		d := x.Decision
 		row := pelRow{ID: d.ID, Consumer: d.Consumer, Idle: d.Idle, Deliveries: d.Deliveries, Kind: string(d.Kind),
 			Do: verdictWords[d.Kind], Key: d.Key, Reason: redact.String(truncate(d.Reason, 300)), Detail: redact.String(truncate(x.Detail, 300)),
-			Due: x.Due, Registered: x.Registered, Row: x.Row}
-		if t, ok := beats[d.Consumer]; ok {
-			row.Beat = ago(now.Sub(t))
-		}
+			Due: x.Due, Row: x.Row}
+		t, ok := beats[d.Consumer]
+		row.Owner = s.stateOf(st, d.Consumer, ok, max(0, now.Sub(t)))
 		out[i] = row
 	}
 	return out, next, nil

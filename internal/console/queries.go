@@ -10,6 +10,7 @@ import (
 
 	"github.com/pelguard/pelguard/audit"
 	"github.com/pelguard/pelguard/internal/pg"
+	"github.com/pelguard/pelguard/internal/redact"
 )
 
 // Every page query reads through an index (explain_test.go EXPLAINs each on
@@ -318,7 +319,7 @@ func listActions(ctx context.Context, db pg.DB, before int64, target string, n i
 	if err != nil {
 		return nil, fmt.Errorf("listing console actions: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[actionRow])
+	return collectActions(rows)
 }
 
 // qActionsOn reads the console's actions on any of a page's targets (a
@@ -333,7 +334,7 @@ func actionsOn(ctx context.Context, db pg.DB, targets []string, n int) ([]action
 	if err != nil {
 		return nil, fmt.Errorf("listing console actions: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[actionRow])
+	return collectActions(rows)
 }
 
 func getAction(ctx context.Context, db pg.DB, id int64) (actionRow, error) {
@@ -341,7 +342,19 @@ func getAction(ctx context.Context, db pg.DB, id int64) (actionRow, error) {
 	if err != nil {
 		return actionRow{}, fmt.Errorf("reading console action %d: %w", id, err)
 	}
-	return pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[actionRow])
+	a, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[actionRow])
+	a.Reason, a.Detail = redact.String(a.Reason), redact.String(a.Detail)
+	return a, err
+}
+
+// collectActions reads action rows, their reasons and details redacted
+// (a row recorded before reasons were redacted is shown redacted too).
+func collectActions(rows pgx.Rows) ([]actionRow, error) {
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[actionRow])
+	for i := range out {
+		out[i].Reason, out[i].Detail = redact.String(out[i].Reason), redact.String(out[i].Detail)
+	}
+	return out, err
 }
 
 // parkedRow is a pending row the ledger stopped retrying by itself

@@ -94,6 +94,10 @@ func (s *Server) usagePage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	data["Rows"] = rows
+	if err := s.usageCompared(r.Context(), data, customer, meter); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	caps, err := s.meterCaps(r.Context(), customer, meter)
 	if err != nil && !missingTable(err) {
 		s.fail(w, r, err)
@@ -125,4 +129,39 @@ func (s *Server) meterCaps(ctx context.Context, customer, meter string) ([]meter
 		}
 	}
 	return out, nil
+}
+
+// usageCompared adds what was compared to the Usage page: the last runs,
+// what the last finished one covered and, for a customer, each meter's
+// last comparison and the events not compared yet.
+func (s *Server) usageCompared(ctx context.Context, data map[string]any, customer, meter string) error {
+	runs, err := usageRuns(ctx, s.db, 5)
+	if err != nil {
+		return err
+	}
+	data["Runs"] = runs
+	for _, run := range runs {
+		if run.Finished != nil && run.Error == "" {
+			tot, err := comparedTotals(ctx, s.db, run.ID)
+			if err != nil && !missingTable(err) {
+				return err
+			}
+			data["LastOK"], data["Totals"] = run, tot
+			break
+		}
+	}
+	if customer == "" {
+		stale, never, all, err := staleOf(ctx, s.db, meterledger.MonthOf(s.now()), meter, 20)
+		if err != nil && !missingTable(err) {
+			return err
+		}
+		data["Stale"], data["Never"], data["MonthPairs"] = stale, never, all
+		return nil
+	}
+	cmp, err := comparedOf(ctx, s.db, customer, meter)
+	if err != nil && !missingTable(err) {
+		return err
+	}
+	data["Compared"] = cmp
+	return nil
 }

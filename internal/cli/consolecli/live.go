@@ -27,6 +27,7 @@ type LiveOptions struct {
 	Refresh             time.Duration
 	PrometheusURL       string
 	Namespace           string
+	ConsumerIdle        time.Duration
 }
 
 func (o *LiveOptions) register(fs *flag.FlagSet) {
@@ -38,6 +39,7 @@ func (o *LiveOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ExternalLedger, "external-ledger", cli.Env("PELGUARD_EXTERNAL_LEDGER", ""), "the reaper's --external-ledger, for the PEL page's verdicts [PELGUARD_EXTERNAL_LEDGER]")
 	fs.DurationVar(&o.ExternalMaxCall, "external-max-call", cli.EnvDuration("PELGUARD_EXTERNAL_MAX_CALL", 0), "the reaper's --external-max-call, with --external-ledger [PELGUARD_EXTERNAL_MAX_CALL]")
 	fs.StringVar(&o.Namespace, "namespace", cli.Env("PELGUARD_NAMESPACE", consumer.DefaultNamespace), "the streams' namespace (part of every idempotency key and meter-event identifier), for the PEL page's verdicts; the console refuses to start with another one than the streams record [PELGUARD_NAMESPACE]")
+	fs.DurationVar(&o.ConsumerIdle, "consumer-idle", reaper.DefaultConsumerIdle, "the reaper's --consumer-idle: a consumer gone this long (no heartbeat, no read) and holding nothing leaves the consumers panel (0: list every one)")
 	fs.DurationVar(&o.Refresh, "refresh", console.DefaultRefresh, "how often the overview and the PEL page reload themselves; 0 never")
 	fs.StringVar(&o.PrometheusURL, "prometheus-url", cli.Env("PELGUARD_PROMETHEUS_URL", ""), "Prometheus's base URL (http://prometheus:9090): the overview then shows the fleet's Stripe limiter (rate by role, waits, 429s) [PELGUARD_PROMETHEUS_URL]")
 }
@@ -49,6 +51,8 @@ func (o *LiveOptions) validate() error {
 		return cli.Usagef("--reaper-min-idle %s must be at least 1ms (give the reaper's --min-idle)", o.ReaperMinIdle)
 	case o.ReaperMaxDeliveries < 1:
 		return cli.Usagef("--reaper-max-deliveries %d must be at least 1 (give the reaper's --max-deliveries)", o.ReaperMaxDeliveries)
+	case o.ConsumerIdle < 0:
+		return cli.Usagef("--consumer-idle %s must not be negative (0 lists every consumer)", o.ConsumerIdle)
 	case o.Refresh < 0:
 		return cli.Usagef("--refresh %s must not be negative (0 turns it off)", o.Refresh)
 	}
@@ -72,6 +76,10 @@ func (o *LiveOptions) apply(cfg *console.Config) {
 	cfg.Reaper = console.ReaperPolicy{MinIdle: o.ReaperMinIdle, MaxDeliveries: o.ReaperMaxDeliveries, StoppedConsumers: stopped,
 		Rules: event.Rules{MaxAmountCents: o.MaxAmountCents, StrictFields: o.StrictFields}, ExternalLedger: o.ExternalLedger,
 		ExternalMaxCall: o.ExternalMaxCall, Namespace: o.Namespace}
+	cfg.ConsumerIdle = o.ConsumerIdle
+	if o.ConsumerIdle == 0 {
+		cfg.ConsumerIdle = -1
+	}
 	cfg.Refresh = o.Refresh
 	if o.Refresh == 0 {
 		cfg.Refresh = -1
