@@ -321,8 +321,9 @@ func DeadLetters(d DeadLetterInput) Alert {
 }
 
 // SpendCapReached reports a charge that was not made because it would pass
-// the period's spend cap. Repeats for the same period are deduplicated: the
-// other customers are in the dead-letter stream with reason spend_cap.
+// the period's spend cap. Repeats for the same period and cap are
+// deduplicated: the other customers are in the dead-letter stream with
+// reason spend_cap.
 func SpendCapReached(period string, capCents, reservedCents, requestedCents int64, customerID string) Alert {
 	return Alert{
 		Kind:  KindSpendCap,
@@ -336,7 +337,7 @@ func SpendCapReached(period string, capCents, reservedCents, requestedCents int6
 			{Label: "Reserved", Value: Money(reservedCents, "")},
 			{Label: "Requested", Value: Money(requestedCents, "")},
 		},
-		Fingerprint: "spend_cap:" + period,
+		Fingerprint: fmt.Sprintf("spend_cap:%s:%d", period, capCents),
 	}
 }
 

@@ -29,7 +29,7 @@ func MeterEventParked(eventName, stripeCustomerID, identifier string, value int6
 // MeterCapReached reports a meter event that was not sent because it would
 // pass the meter's spend cap for its customer and month (used and the cap
 // in the cap's unit: "units" or "events"). Repeats for the same meter,
-// customer and month are deduplicated: the other events are in the
+// customer, month and cap are deduplicated: the other events are in the
 // dead-letter stream with reason spend_cap.
 func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used int64, unit string, value int64, stream string) Alert {
 	return Alert{
@@ -45,7 +45,7 @@ func MeterCapReached(eventName, stripeCustomerID, month string, capValue, used i
 			{Label: "Cap", Value: fmt.Sprintf("%d %s", capValue, unit)},
 			{Label: "Used", Value: fmt.Sprintf("%d %s", used, unit)},
 		},
-		Fingerprint: "spend_cap:meter:" + eventName + ":" + stripeCustomerID + ":" + month,
+		Fingerprint: fmt.Sprintf("spend_cap:meter:%s:%s:%s:%d", eventName, stripeCustomerID, month, capValue),
 	}
 }
 

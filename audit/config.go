@@ -231,50 +231,55 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	for name, d := range map[string]time.Duration{
-		"Overlap": c.Overlap, "InitialLookback": c.InitialLookback,
-		"ChargeLag": c.ChargeLag, "StuckAfter": c.StuckAfter, "StuckProcessingAfter": c.StuckProcessingAfter, "PeriodGrace": c.PeriodGrace,
-		"LockWait": c.LockWait, "LockLease": c.LockLease, "ProgressInterval": c.ProgressInterval,
+	// Each setting is named as pelguard-auditor's flag for it, which is
+	// what an operator typed; the few without a flag by their field.
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"--overlap", c.Overlap}, {"--initial-lookback", c.InitialLookback}, {"ChargeLag", c.ChargeLag},
+		{"--stuck-after", c.StuckAfter}, {"--stuck-processing-after", c.StuckProcessingAfter}, {"PeriodGrace", c.PeriodGrace},
+		{"--lock-wait", c.LockWait}, {"--lock-lease", c.LockLease}, {"ProgressInterval", c.ProgressInterval},
 	} {
-		if d < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want 0 or more", d.name, d.d))
 		}
 	}
 	if c.LockLease != 0 && c.LockLease < MinLockLease {
-		errs = append(errs, fmt.Errorf("LockLease %s: want at least %s (0: %s), so that a heartbeat has time to renew it", c.LockLease, MinLockLease, DefaultLockLease))
+		errs = append(errs, fmt.Errorf("--lock-lease %s: want at least %s (0: %s), so that a heartbeat has time to renew it", c.LockLease, MinLockLease, DefaultLockLease))
 	}
 	if c.SettleDelay < 0 && c.SettleDelay != NoSettleDelay {
-		errs = append(errs, fmt.Errorf("SettleDelay must not be negative (NoSettleDelay for none), got %s", c.SettleDelay))
+		errs = append(errs, fmt.Errorf("--settle-delay %s: want 0 or more (0: audit up to now)", c.SettleDelay))
 	}
 	if c.Parallel < 0 || c.Parallel > 64 {
-		errs = append(errs, fmt.Errorf("Parallel (--parallel) must be between 1 and 64, got %d", c.Parallel))
+		errs = append(errs, fmt.Errorf("--parallel %d: want 1 to 64", c.Parallel))
 	}
 	if c.LookupBatch < 0 {
-		errs = append(errs, fmt.Errorf("LookupBatch must not be negative, got %d", c.LookupBatch))
+		errs = append(errs, fmt.Errorf("LookupBatch %d: want 0 (the default) or more", c.LookupBatch))
 	}
 	if c.MaxRefunds < 0 || c.MaxCents < 0 {
-		errs = append(errs, errors.New("MaxRefunds and MaxCents must not be negative"))
+		errs = append(errs, fmt.Errorf("--max-refunds %d, --max-cents %d: want 0 or more", c.MaxRefunds, c.MaxCents))
 	}
 	if c.MaxRefunds24h < 0 || c.MaxCents24h < 0 {
-		errs = append(errs, errors.New("MaxRefunds24h and MaxCents24h must not be negative (0 takes the default)"))
+		errs = append(errs, fmt.Errorf("--max-refunds-24h %d, --max-cents-24h %d: want 0 (the default) or more", c.MaxRefunds24h, c.MaxCents24h))
 	}
 	if err := c.Usage.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.ExternalLedger != "" {
 		if !c.Legacy {
-			errs = append(errs, errors.New("ExternalLedger (--external-ledger) needs Legacy (--legacy): the team's charges carry no pelguard marker"))
+			errs = append(errs, errors.New("--external-ledger needs --legacy: the team's charges carry no pelguard marker"))
 		}
-		if _, err := pg.TeamTable("ExternalLedger (--external-ledger)", c.ExternalLedger); err != nil {
+		if _, err := pg.TeamTable("--external-ledger", c.ExternalLedger); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if c.LegacyPattern != "" {
 		re, err := regexp.Compile(c.LegacyPattern)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("LegacyPattern: %w", err))
+			errs = append(errs, fmt.Errorf("--legacy-pattern %q: %w", c.LegacyPattern, err))
 		} else if re.NumSubexp() < 1 {
-			errs = append(errs, fmt.Errorf("LegacyPattern %q needs a group that captures the period", c.LegacyPattern))
+			errs = append(errs, fmt.Errorf("--legacy-pattern %q needs a group that captures the period, such as %q", c.LegacyPattern, DefaultLegacyPattern))
 		}
 	}
 	return errors.Join(errs...)

@@ -103,8 +103,8 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// audit config: a Postgres pool (DB) is required
-	// Parallel (--parallel) must be between 1 and 64, got 100
-	// LegacyPattern "no group" needs a group that captures the period
+	// --parallel 100: want 1 to 64
+	// --legacy-pattern "no group" needs a group that captures the period, such as "^Usage billing for (\\S+)$"
 	// true
 	// <nil>
 }

@@ -142,25 +142,40 @@ func (u UsageConfig) withDefaults() UsageConfig {
 // Validate reports settings the reconciliation cannot work with.
 func (u UsageConfig) Validate() error {
 	var errs []error
-	for name, d := range map[string]time.Duration{"Usage.SettleDelay": u.SettleDelay, "Usage.InvoiceGrace": u.InvoiceGrace} {
-		if d < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
+	// Each setting is named as pelguard-auditor's flag for it, which is
+	// what an operator typed; the few without a flag by their field.
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"--usage-settle-delay", u.SettleDelay}, {"--usage-invoice-grace", u.InvoiceGrace}} {
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want 0 or more", d.name, d.d))
 		}
 	}
 	if u.HourlyFor != 0 && u.HourlyFor < 24*time.Hour {
-		errs = append(errs, fmt.Errorf("Usage.HourlyFor (--usage-hourly-for) must be at least 24h, got %s", u.HourlyFor))
+		errs = append(errs, fmt.Errorf("--usage-hourly-for %s: want at least 24h", u.HourlyFor))
 	}
 	if u.Lookback < 0 || u.Lookback > DefaultUsageLookback {
-		errs = append(errs, fmt.Errorf("Usage.Lookback must be at most %s (Stripe's 35 days), got %s", DefaultUsageLookback, u.Lookback))
+		errs = append(errs, fmt.Errorf("Lookback %s: want at most %s (Stripe's 35 days)", u.Lookback, DefaultUsageLookback))
 	}
 	if u.SettleDelay >= 24*time.Hour {
-		errs = append(errs, fmt.Errorf("Usage.SettleDelay (--usage-settle-delay) must be below 24h, got %s", u.SettleDelay))
+		errs = append(errs, fmt.Errorf("--usage-settle-delay %s: want less than 24h", u.SettleDelay))
 	}
-	if u.StableChecks < 0 || u.CustomerPage < 0 || u.MaxCorrections < 0 || u.MaxUnits < 0 || u.MaxCorrections24h < 0 || u.MaxResendEvents < 0 || u.MaxWindowCorrections < 0 {
-		errs = append(errs, errors.New("Usage.StableChecks, CustomerPage, MaxCorrections, MaxUnits, MaxCorrections24h, MaxWindowCorrections and MaxResendEvents must not be negative (0 takes the default)"))
+	for _, n := range []struct {
+		name string
+		v    int64
+	}{
+		{"--usage-stable-checks", int64(u.StableChecks)}, {"CustomerPage", int64(u.CustomerPage)},
+		{"--usage-max-corrections", int64(u.MaxCorrections)}, {"--usage-max-units", u.MaxUnits},
+		{"--usage-max-corrections-24h", int64(u.MaxCorrections24h)}, {"--usage-max-window-corrections", int64(u.MaxWindowCorrections)},
+		{"--usage-max-resend-events", int64(u.MaxResendEvents)},
+	} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: want 0 (the default) or more", n.name, n.v))
+		}
 	}
 	if u.SafeWindow < 0 || u.SafeWindow >= stripeapi.MeterIdentifierWindow {
-		errs = append(errs, fmt.Errorf("Usage.SafeWindow must be below Stripe's identifier window (%s), got %s", stripeapi.MeterIdentifierWindow, u.SafeWindow))
+		errs = append(errs, fmt.Errorf("SafeWindow %s: want 0 (the default) up to less than Stripe's identifier window (%s)", u.SafeWindow, stripeapi.MeterIdentifierWindow))
 	}
 	return errors.Join(errs...)
 }

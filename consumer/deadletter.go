@@ -26,6 +26,10 @@ func DeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, group, c
 type Dead struct {
 	Msg            redis.XMessage
 	Reason, Detail string
+	// Alerted: an alert of its own announced this event (spend_cap,
+	// meter_event_parked, meter_missing, permission_denied, …), so the
+	// dead_letters alert leaves it out: one event, one Slack message.
+	Alerted bool
 }
 
 // DeadLetterMany is DeadLetter for several entries of one stream in two
@@ -78,7 +82,9 @@ func DeadLetterMany(ctx context.Context, rdb redis.UniversalClient, stream, grou
 // deadLetter parks a held entry in <stream>:dead with the reason and acks
 // it. A ledger-driven retry's hold (no stream) has no entry to park: its
 // alert and its ledger row are the record.
-func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome) (Outcome, error) {
+// alerted says an alert of its own announced the event: the dead_letters
+// alert leaves it out (one event, one Slack message).
+func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMessage, reason, detail string, out Outcome, alerted bool) (Outcome, error) {
 	if stream == "" {
 		return out, nil
 	}
@@ -91,7 +97,7 @@ func (p *Processor) deadLetter(ctx context.Context, stream string, msg redis.XMe
 		return OutcomeRetryLater, err
 	}
 	p.cfg.Metrics.deadLetter(stream, reason)
-	if p.cfg.DeadLetters != nil {
+	if p.cfg.DeadLetters != nil && !alerted {
 		p.cfg.DeadLetters.Add(stream, reason, msg.ID, CustomerOf(msg))
 	}
 	return out, nil

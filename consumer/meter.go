@@ -387,7 +387,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			b.Parked++
 			sent = append(sent, sentOf(it.req, cl.Record, meterledger.StatusParked, cl.Reason))
 			c.alertParked(it.req, cl.Reason)
-			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason, Alerted: true})
 			c.count(&b, it.msg.ID, OutcomeParked)
 		case meterledger.ReplayRefused:
 			// Nothing sent: back to the dead letters, with what to do.
@@ -404,9 +404,10 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 			// sends it.
 			b.OverCap++
 			s := cl.Cap
-			c.cfg.Notifier.Notify(alerts.MeterCapReached(it.req.Event.EventName, it.req.Event.StripeCustomerID, s.Month.Format("2006-01"),
-				s.Cap.Cap, s.Cap.Used(s.Units, s.Events), string(s.Cap.Counts), it.req.Event.Value, c.cfg.Stream))
-			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonSpendCap, Detail: cl.Reason})
+			NotifyCapOnce(ctx, c.cfg.Redis, c.cfg.Notifier, c.cfg.Schema, c.cfg.Namespace,
+				alerts.MeterCapReached(it.req.Event.EventName, it.req.Event.StripeCustomerID, s.Month.Format("2006-01"),
+					s.Cap.Cap, s.Cap.Used(s.Units, s.Events), string(s.Cap.Counts), it.req.Event.Value, c.cfg.Stream))
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonSpendCap, Detail: cl.Reason, Alerted: true})
 			c.count(&b, it.msg.ID, OutcomeSpendCap)
 		default: // Busy, SlotBusy, Held
 			b.Left++
@@ -445,20 +446,18 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case it.out.Result == meterledger.Failed && it.keyErr != nil:
 			// Nothing was counted; one alert per key problem (deduplicated
 			// by its fingerprint), and a replay once the key is fixed.
-			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonStripeKey, Detail: it.out.Reason})
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonStripeKey, Detail: it.out.Reason, Alerted: true})
 			c.cfg.Notifier.Notify(alerts.StripeKeyRejected(it.keyErr))
 			c.count(&b, it.msg.ID, OutcomeFailed)
 		case it.out.Result == meterledger.Failed:
-			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
+			told := it.missingMeter && c.sayMeterMissing(it.req.Event.EventName)
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason, Alerted: told})
 			c.count(&b, it.msg.ID, OutcomeFailed)
-			if it.missingMeter {
-				c.sayMeterMissing(it.req.Event.EventName)
-			}
 		case it.out.Result == meterledger.Park:
 			b.Parked++
 			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusParked, it.out.Reason))
 			c.alertParked(it.req, it.out.Reason)
-			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason})
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason, Alerted: true})
 			c.count(&b, it.msg.ID, OutcomeParked)
 		}
 	}
@@ -635,7 +634,7 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 			}
 			b.DeadLetters++
 			c.cfg.Metrics.deadLetter(c.cfg.Stream, dead[i].Reason)
-			if c.cfg.DeadLetters != nil {
+			if c.cfg.DeadLetters != nil && !dead[i].Alerted {
 				c.cfg.DeadLetters.Add(c.cfg.Stream, dead[i].Reason, dead[i].Msg.ID, CustomerOf(dead[i].Msg))
 			}
 		}
@@ -646,16 +645,19 @@ func (c *MeterConsumer) settle(ctx context.Context, acks []string, dead []Dead, 
 // sayMeterMissing tells, once per event name and process, that Stripe has
 // no meter for it: one error log line and one meter_missing alert saying
 // how to create the meter and replay, instead of a dead letter per event
-// and nothing else. Later refusals are dead letters (and their alert).
-func (c *MeterConsumer) sayMeterMissing(eventName string) {
+// and nothing else. Later refusals are dead letters (and their alert). It
+// reports whether it told (the event that told is left out of the
+// dead_letters alert).
+func (c *MeterConsumer) sayMeterMissing(eventName string) bool {
 	if _, told := c.missingMeters.LoadOrStore(eventName, true); told {
-		return
+		return false
 	}
 	c.cfg.Logger.Error("no Stripe meter for this event name: its events are dead-lettered (meter_event_refused) until the meter exists",
 		"event_name", eventName, "stream", c.cfg.Stream,
 		"create", "Stripe Dashboard → Billing → Meters, or POST /v1/billing/meters (event_name="+eventName+", default_aggregation[formula]=sum), which stripesim answers too",
 		"replay", cmdname.Consumer+" replay --stream "+c.cfg.Stream+" --reason "+ReasonMeterRefused)
 	c.cfg.Notifier.Notify(alerts.MeterMissing(eventName, c.cfg.Stream))
+	return true
 }
 
 func (c *MeterConsumer) alertParked(r meterledger.Request, reason string) {

@@ -151,7 +151,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 	} else if ev, err = event.ParseFields(msg.Values, p.cfg.Rules); err != nil {
 		var re *event.RejectError
 		errors.As(err, &re)
-		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter)
+		return p.deadLetter(ctx, h.stream, msg, re.Reason, re.Error(), OutcomeDeadLetter, false)
 	}
 	log = log.With(slog.String("customer_id", ev.CustomerID), slog.String("billing_period", ev.BillingPeriod))
 	span.SetAttributes(attrCustomerID.String(ev.CustomerID), attrBillingPeriod.String(ev.BillingPeriod))
@@ -168,11 +168,12 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 	var capErr *ledger.CapError
 	switch {
 	case errors.As(err, &capErr):
-		p.cfg.Notifier.Notify(alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
-		return p.deadLetter(ctx, h.stream, msg, ReasonSpendCap, capErr.Error(), OutcomeSpendCap)
+		NotifyCapOnce(ctx, p.cfg.Redis, p.cfg.Notifier, p.cfg.Schema, p.cfg.Namespace,
+			alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
+		return p.deadLetter(ctx, h.stream, msg, ReasonSpendCap, capErr.Error(), OutcomeSpendCap, true)
 	case errors.Is(err, ledger.ErrNoCap):
 		return p.deadLetter(ctx, h.stream, msg, ReasonNoSpendCap,
-			"no spend cap for "+ev.BillingPeriod+" and --require-cap is set; set one with `"+cmdname.Consumer+" cap set`", OutcomeSpendCap)
+			"no spend cap for "+ev.BillingPeriod+" and --require-cap is set; set one with `"+cmdname.Consumer+" cap set`", OutcomeSpendCap, false)
 	case err != nil:
 		return p.leftPending(ctx, OutcomeRetryLater, fmt.Errorf("reserving: %w", err))
 	}
@@ -188,7 +189,7 @@ func (p *Processor) processPrepared(h *hold, msg redis.XMessage, pre *prepared, 
 		// entry; once they finish, the reaper acks it from the ledger.
 		return OutcomeBusy, nil
 	case ledger.Conflict:
-		return p.deadLetter(ctx, h.stream, msg, ReasonConflict, conflictDetail(claim.Record, ev, p.cfg.Namespace), OutcomeDeadLetter)
+		return p.deadLetter(ctx, h.stream, msg, ReasonConflict, conflictDetail(claim.Record, ev, p.cfg.Namespace), OutcomeDeadLetter, false)
 	}
 
 	rec := claim.Record
@@ -335,7 +336,7 @@ func (p *Processor) apply(ctx context.Context, h *hold, msg redis.XMessage, rec 
 	case ackEntry:
 		return v.Outcome, p.ack(ctx, h.stream, h.id)
 	case deadLetterEntry:
-		return p.deadLetter(ctx, h.stream, msg, v.Reason, v.Detail, v.Outcome)
+		return p.deadLetter(ctx, h.stream, msg, v.Reason, v.Detail, v.Outcome, v.Alert != nil)
 	}
 	return v.Outcome, v.Cause
 }

@@ -163,7 +163,9 @@ func (r *Reaper) deadLetterAll(ctx context.Context, st *streamState, dead []dead
 			r.record(p, d)
 			continue
 		}
-		if r.cfg.DeadLetters != nil {
+		// max_deliveries has a reaper_anomaly alert of its own: one
+		// event, one Slack message.
+		if r.cfg.DeadLetters != nil && d.Kind != KindMaxDeliveries {
 			r.cfg.DeadLetters.Add(st.Stream, d.Reason, d.ID, consumer.CustomerOf(dl.msg))
 		}
 		if d.Kind == KindMaxDeliveries {

@@ -218,7 +218,8 @@ func (r *Reaper) externalRedrive(ctx context.Context, st *streamState, msg redis
 	case errors.As(err, &capErr), errors.Is(err, ledger.ErrNoCap):
 		reason := consumer.ReasonSpendCap
 		if capErr != nil {
-			r.cfg.Notifier.Notify(alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
+			consumer.NotifyCapOnce(ctx, r.cfg.Redis, r.cfg.Notifier, r.cfg.Schema, r.cfg.Namespace,
+				alerts.SpendCapReached(ev.BillingPeriod, capErr.CapCents, capErr.ReservedCents, capErr.RequestedCents, ev.CustomerID))
 		} else {
 			reason = consumer.ReasonNoSpendCap
 		}

@@ -355,8 +355,13 @@ func (c *Client) call(ctx context.Context, op string, fn func(ctx context.Contex
 }
 
 // slogLeveled adapts stripe-go's printf logger to slog. stripe-go's Info
-// lines are per-request chatter, so they go to Debug; its Error lines repeat
-// what the adapter returns, so they go to Warn. Every line is scrubbed.
+// lines are per-request chatter, so they go to Debug. Of its Error lines,
+// the two that repeat an error the adapter returns ("Request error from
+// Stripe (status N): …", "Request failed with error: …") go to Debug too:
+// the caller classifies that error and says what it means once (a missing
+// meter is one meter_missing line, not a stripe-go warning per refused
+// event). What stripe-go alone knows stays a warning: a retry it is about
+// to make, a response it could not decode. Every line is scrubbed.
 type slogLeveled struct {
 	l   *slog.Logger
 	key string
@@ -382,7 +387,13 @@ func (s *slogLeveled) log(level slog.Level, format string, v ...any) {
 func (s *slogLeveled) Debugf(format string, v ...any) { s.log(slog.LevelDebug, format, v...) }
 func (s *slogLeveled) Infof(format string, v ...any)  { s.log(slog.LevelDebug, format, v...) }
 func (s *slogLeveled) Warnf(format string, v ...any)  { s.log(slog.LevelWarn, format, v...) }
-func (s *slogLeveled) Errorf(format string, v ...any) { s.log(slog.LevelWarn, format, v...) }
+func (s *slogLeveled) Errorf(format string, v ...any) {
+	level := slog.LevelWarn
+	if strings.HasPrefix(format, "Request error from Stripe") || strings.HasPrefix(format, "Request failed with error") {
+		level = slog.LevelDebug // returned as the call's error, and logged by its caller
+	}
+	s.log(level, format, v...)
+}
 
 // Metadata keys of the pelguard convention (DESIGN.md).
 const (

@@ -3,9 +3,11 @@ package stripeapi_test
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -293,3 +295,45 @@ func TestEndpointNamesNamespacedResources(t *testing.T) {
 		}
 	}
 }
+
+// TestStripeGoLogsWhatOnlyItKnows: stripe-go logs through the client's
+// logger. A refusal it would log as an error of its own ("Request error
+// from Stripe (status 400) …") is returned to the caller, which says what
+// it means once: it is not in the log at info. A retry stripe-go decides
+// on its own is: a warning naming the attempt.
+func TestStripeGoLogsWhatOnlyItKnows(t *testing.T) {
+	t.Parallel()
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	srv, c := meterSetup(t, stripesim.Config{}, stripeapi.Config{Logger: logger, MaxNetworkRetries: 1})
+	unknown := usage("cus_a", "u", 1)
+	unknown.EventName = "no_such_meter"
+	for range 3 {
+		_, err := c.SendMeterEvent(t.Context(), unknown)
+		wantKind(t, err, stripeapi.ErrInvalidRequest, 400)
+	}
+	if err := srv.SetFaults(stripesim.Faults{ErrorRate: 1, ErrorShouldRetry: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SendMeterEvent(t.Context(), usage("cus_a", "r", 1)); err == nil {
+		t.Fatal("every request fails, the event was sent")
+	}
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if strings.Contains(out, "Request error from Stripe") || strings.Contains(out, "no_such_meter") {
+		t.Errorf("stripe-go's line for a returned refusal is in the log:\n%s", out)
+	}
+	if !strings.Contains(out, "level=WARN msg=\"Initiating retry 1 for request POST") || !strings.Contains(out, "component=stripe-go") {
+		t.Errorf("stripe-go's retry is not in the log as a warning:\n%s", out)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -32,6 +33,36 @@ func TestHelpSpeaksPlainly(t *testing.T) {
 	for _, goSpeak := range []string{"stripe.BackendConfig", "stripe.String", "%!"} {
 		if strings.Contains(help, goSpeak) {
 			t.Errorf("--help says %q:\n%s", goSpeak, help)
+		}
+	}
+}
+
+// TestFlagErrorsNameTheFlag: a bad flag value stops stripesim with exit 2
+// and a message naming the flag as typed and what to give, never the flag
+// package's "parse error" nor the Go field behind it (ErrorRate,
+// MeterEventLatency).
+func TestFlagErrorsNameTheFlag(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--latency", "5"}, `--latency "5": want a duration with its unit`},
+		{[]string{"--seed", "x"}, `--seed "x": want a whole number`},
+		{[]string{"--error-rate", "2"}, "--error-rate 2: want a fraction from 0 to 1"},
+		{[]string{"--error-rate", "-0.5"}, "--error-rate -0.5: want a fraction from 0 to 1"},
+		{[]string{"--rate-limit", "-1"}, "--rate-limit -1: want 0"},
+		{[]string{"--meter-event-rate-limit", "-1"}, "--meter-event-rate-limit -1: want 0"},
+		{[]string{"--meter-event-latency", "-1s"}, "--meter-event-latency -1s: want 0 or more"},
+		{[]string{"--latency", "-1s"}, "--latency -1s: want 0 or more"},
+		{[]string{"--rk", "nokey"}, `--rk "nokey": want rk_...=perm,perm`},
+		{[]string{"--addr"}, "--addr needs a value"},
+	} {
+		var out strings.Builder
+		code := run(context.Background(), c.args, &out, &out)
+		first, _, _ := strings.Cut(out.String(), "\n")
+		if code != 2 || !strings.HasPrefix(first, "stripesim: "+c.want) || strings.Contains(out.String(), "parse error") {
+			t.Errorf("stripesim %v: exit %d, %q: want 2 and %q", c.args, code, first, "stripesim: "+c.want)
 		}
 	}
 }

@@ -193,11 +193,7 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		}
 		syn, _ := synopses.Load(fs)
 		s, _ := syn.(string)
-		msg := err.Error()
-		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-			msg = "unknown flag --" + strings.TrimPrefix(name, "-")
-		}
-		return &UsageError{Msg: msg, Synopsis: s}
+		return &UsageError{Msg: flagErrorMessage(fs, err.Error()), Synopsis: s}
 	}
 	return Refuse(fs)
 }

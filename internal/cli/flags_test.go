@@ -260,7 +260,7 @@ func TestErrorsReadOnce(t *testing.T) {
 		{consumercli.Main, "pelguard-consumer", []string{"--count", "5000"}, "--count 5000 must be between 1 and 1000"},
 		{reapercli.Main, "pelguard-reaper", []string{"--page-size", "20000"}, "--page-size 20000 must be between 1 and 10000"},
 		{reapercli.Main, "pelguard-reaper", []string{"--page-workers", "100"}, "--page-workers 100 must be between 1 and 64"},
-		{auditorcli.Main, "pelguard-auditor", []string{"--parallel", "100"}, "audit config: Parallel (--parallel) must be between 1 and 64"},
+		{auditorcli.Main, "pelguard-auditor", []string{"--parallel", "100"}, "audit config: --parallel 100: want 1 to 64"},
 	} {
 		code, _, stderr := run(c.main, c.args...)
 		if code != 2 || !strings.Contains(stderr, "\n"+c.prog+": "+c.want) {

@@ -127,7 +127,7 @@ type Monitor struct {
 // New returns a Monitor; use AfterConnect in the pool's config, then Start.
 func New(cfg Config) (*Monitor, error) {
 	if cfg.Writer == "" {
-		return nil, errors.New("rollback: Config.Writer is required")
+		return nil, errors.New("rollback: a ledger writer (Writer) is required")
 	}
 	if cfg.Schema == "" {
 		cfg.Schema = pg.DefaultSchema

@@ -142,42 +142,49 @@ type Latency struct {
 	Tail     time.Duration
 }
 
-// Validate reports nonsensical fault settings.
+// Validate reports nonsensical fault settings, each named as POST
+// /_sim/faults spells it (error_rate, latency.tail_prob): that is where
+// someone types them.
 func (f Faults) Validate() error {
 	var errs []error
-	for name, p := range map[string]float64{
-		"ErrorRate": f.ErrorRate, "RateLimitedRate": f.RateLimitedRate,
-		"DropRate": f.DropRate, "Latency.TailProb": f.Latency.TailProb,
-	} {
-		if p < 0 || p > 1 {
-			errs = append(errs, fmt.Errorf("%s %v outside [0, 1]", name, p))
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"error_rate", f.ErrorRate}, {"rate_limited_rate", f.RateLimitedRate}, {"drop_rate", f.DropRate}, {"latency.tail_prob", f.Latency.TailProb}} {
+		if p.v < 0 || p.v > 1 {
+			errs = append(errs, fmt.Errorf("%s %v: want a fraction from 0 to 1", p.name, p.v))
 		}
 	}
-	if f.RateLimit < 0 || f.RateBurst < 0 || f.DropNextCharges < 0 || f.FailNextRefunds < 0 {
-		errs = append(errs, errors.New("RateLimit, RateBurst, DropNextCharges and FailNextRefunds must not be negative"))
-	}
-	if f.MeterEventLatency < 0 || f.MeterEventRateLimit < 0 || f.MeterEventRateBurst < 0 ||
-		f.DropNextMeterEvents < 0 || f.RejectNextMeterEvents < 0 || f.MeterSummaryLag < 0 {
-		errs = append(errs, errors.New("MeterEventLatency, MeterEventRateLimit, MeterEventRateBurst, DropNextMeterEvents, RejectNextMeterEvents and MeterSummaryLag must not be negative"))
+	for _, n := range []struct {
+		name string
+		v    float64
+	}{{"rate_limit", f.RateLimit}, {"rate_burst", float64(f.RateBurst)}, {"drop_next_charges", float64(f.DropNextCharges)},
+		{"fail_next_refunds", float64(f.FailNextRefunds)}, {"meter_event_latency", float64(f.MeterEventLatency)},
+		{"meter_event_rate_limit", f.MeterEventRateLimit}, {"meter_event_rate_burst", float64(f.MeterEventRateBurst)},
+		{"drop_next_meter_events", float64(f.DropNextMeterEvents)}, {"reject_next_meter_events", float64(f.RejectNextMeterEvents)},
+		{"meter_summary_lag", float64(f.MeterSummaryLag)}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: want 0 or more", n.name))
+		}
 	}
 	for id, code := range f.DeclineCodes {
 		if code == "" {
-			errs = append(errs, fmt.Errorf("DeclineCodes[%q] is empty", id))
+			errs = append(errs, fmt.Errorf("decline_codes[%q] is empty: want a decline code (card_declined, insufficient_funds, …)", id))
 		}
 	}
 	for id, code := range f.CardErrorCodes {
 		if code == "" {
-			errs = append(errs, fmt.Errorf("CardErrorCodes[%q] is empty", id))
+			errs = append(errs, fmt.Errorf("card_error_codes[%q] is empty: want a card error code", id))
 		}
 	}
 	for id, code := range f.AdviceCodes {
 		if !slices.Contains(AdviceCodes, code) {
-			errs = append(errs, fmt.Errorf("AdviceCodes[%q] is %q, not one of %v", id, code, AdviceCodes))
+			errs = append(errs, fmt.Errorf("advice_codes[%q] is %q: want one of %v", id, code, AdviceCodes))
 		}
 	}
 	l := f.Latency
 	if l.Fixed < 0 || l.Min < 0 || l.Max < l.Min || l.Tail < 0 {
-		errs = append(errs, fmt.Errorf("invalid latency %+v: durations must be >= 0 and Max >= Min", l))
+		errs = append(errs, fmt.Errorf("latency (fixed %s, min %s, max %s, tail %s): want durations of 0 or more and max at least min", l.Fixed, l.Min, l.Max, l.Tail))
 	}
 	return errors.Join(errs...)
 }

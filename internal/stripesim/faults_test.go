@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -289,5 +292,33 @@ func TestFaultsValidateCardErrorAndAdviceCodes(t *testing.T) {
 	}
 	if back, err := ok.ToJSON().Faults(); err != nil || back.AdviceCodes["cus_1"] != "try_again_later" || back.CardErrorCodes["cus_2"] != "processing_error" {
 		t.Errorf("JSON round trip: %+v %v", back, err)
+	}
+}
+
+// TestFaultErrorsNameTheJSONField: a fault POST /_sim/faults refuses is
+// named as the request spelled it (error_rate, meter_event_latency), not
+// by the Go field behind it.
+func TestFaultErrorsNameTheJSONField(t *testing.T) {
+	t.Parallel()
+	srv, _ := setup(t, Config{})
+	t.Cleanup(http.DefaultClient.CloseIdleConnections)
+	for body, want := range map[string]string{
+		`{"error_rate":2}`:                    "error_rate 2: want a fraction from 0 to 1",
+		`{"meter_event_latency":"-1s"}`:       "meter_event_latency: want 0 or more",
+		`{"rate_limit":-1}`:                   "rate_limit: want 0 or more",
+		`{"latency":{"tail_prob":1.5}}`:       "latency.tail_prob 1.5: want a fraction from 0 to 1",
+		`{"decline_codes":{"cus_a":""}}`:      `is empty: want a decline code`,
+		`{"drop_next_meter_events":-2}`:       "drop_next_meter_events: want 0 or more",
+		`{"latency":{"min":"2s","max":"1s"}}`: "latency (fixed 0s, min 2s, max 1s, tail 0s): want durations of 0 or more and max at least min",
+	} {
+		resp, err := http.Post(srv.URL()+"/_sim/faults", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), want) || regexp.MustCompile(`[A-Z][a-z]+[A-Z]`).Match(b) {
+			t.Errorf("POST %s: %d %s: want 400 naming %q and no Go field", body, resp.StatusCode, b, want)
+		}
 	}
 }

@@ -88,7 +88,7 @@ func (o *MeterSettleOptions) run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	key := meterledger.Key{EventTS: o.ts, Identifier: o.Identifier}
-	rec, err := l.Settle(ctx, meterledger.Settlement{Key: key, Counted: o.Counted, By: operator(), Reason: strings.TrimSpace(o.Reason)})
+	rec, err := l.Settle(ctx, meterledger.Settlement{Key: key, Counted: o.Counted, By: operator(), Reason: recorded(o.Reason)})
 	switch {
 	case errors.Is(err, meterledger.ErrNotFound):
 		return cli.Usagef("no meter event %s at %s in the ledger", o.Identifier, o.EventTS)

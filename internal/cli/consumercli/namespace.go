@@ -104,7 +104,7 @@ func (o *NamespaceOptions) run(ctx context.Context, stdout io.Writer) error {
 				s.Kind = f.Stream.Kind
 			}
 		}
-		old, err := streamfacts.Set(ctx, pool, o.Schema, s, o.Namespace, o.By, o.Reason)
+		old, err := streamfacts.Set(ctx, pool, o.Schema, s, o.Namespace, recorded(o.By), recorded(o.Reason))
 		if err != nil {
 			return err
 		}

@@ -113,7 +113,7 @@ func (o *PauseOptions) run(ctx context.Context, pause bool, stdout, stderr io.Wr
 	}
 	defer pool.Close()
 	for _, sg := range o.streams {
-		err := streamfacts.SetPaused(ctx, pool, o.Schema, sg.Stream, sg.Group, pause, o.By, o.Reason)
+		err := streamfacts.SetPaused(ctx, pool, o.Schema, sg.Stream, sg.Group, pause, recorded(o.By), recorded(o.Reason))
 		switch {
 		case errors.Is(err, streamfacts.ErrAlreadyPaused):
 			fmt.Fprintf(stdout, "%s: already paused\n", sg)
@@ -124,7 +124,7 @@ func (o *PauseOptions) run(ctx context.Context, pause bool, stdout, stderr io.Wr
 		case err != nil:
 			return err
 		}
-		n.Notify(alerts.StreamPaused(sg.Stream, sg.Group, pause, o.By, o.Reason))
+		n.Notify(alerts.StreamPaused(sg.Stream, sg.Group, pause, recorded(o.By), recorded(o.Reason)))
 		if pause {
 			fmt.Fprintf(stdout, "%s: paused; the fleet stops calling Stripe for it within seconds. Resume with `%s resume --stream %s --group %s --reason ...`\n",
 				sg, prog, sg.Stream, sg.Group)

@@ -89,7 +89,7 @@ func (o *ReplayOptions) run(ctx context.Context, stdout io.Writer) error {
 		seen[sg.Stream] = true
 		override := ""
 		if o.Override != "" {
-			override = fmt.Sprintf("%s (by %s at %s)", strings.TrimSpace(o.Override), operator(), time.Now().UTC().Format(time.RFC3339))
+			override = fmt.Sprintf("%s (by %s at %s)", recorded(o.Override), operator(), time.Now().UTC().Format(time.RFC3339))
 		}
 		done, err := consumer.ReplayDeadLettersOverride(ctx, rdb, sg.Stream, o.Reason, o.Limit, o.DryRun, override)
 		writeReplayed(stdout, sg.Stream, done, o.DryRun)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pelguard/pelguard/internal/cli"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/redact"
 )
 
 const retryDescription = `Bills again, under the next attempt's key, a period's customers whose last attempt failed
@@ -76,7 +77,7 @@ func retryCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	keys, refused := chooseRetries(cands, o.Override != "")
 	override := ""
 	if o.Override != "" {
-		override = fmt.Sprintf("%s (by %s at %s)", strings.TrimSpace(o.Override), operator(), time.Now().UTC().Format(time.RFC3339))
+		override = fmt.Sprintf("%s (by %s at %s)", recorded(o.Override), operator(), time.Now().UTC().Format(time.RFC3339))
 	}
 	var recs []ledger.Record
 	if len(keys) > 0 {
@@ -131,3 +132,8 @@ func truncate(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
+
+// recorded is an operator's reason (or name) as it is stored and shown:
+// trimmed and redacted as alerts are, so a key or card number pasted into
+// --reason never reaches a table, a page or a dead-letter field.
+func recorded(s string) string { return redact.String(strings.TrimSpace(s)) }

@@ -58,7 +58,10 @@ func freeAddr(t *testing.T) string {
 // names are its own: a fresh Postgres schema, a fresh stream and a free
 // port for the emulator, through the variables the quick start reads with
 // defaults. It counts what matters: one ledger row, charged, with a
-// charge id; one charge scanned by an audit that exits 0 with no finding.
+// charge id; one charge scanned by an audit that exits 0 with no finding;
+// one usage event recorded delivered in the meter ledger and counted once
+// (3 units) by the meter the quick start created at the emulator, with no
+// dead letter and no refusal in the meter consumer's log.
 func TestQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the quick start builds three binaries")
@@ -78,17 +81,19 @@ func TestQuickStart(t *testing.T) {
 
 	schema := "qs_" + testenv.Suffix()
 	stream := testenv.Name(t, "quickstart")
+	usage := testenv.Name(t, "quickstart-usage")
 	tmp := t.TempDir()
 	env := append(os.Environ(),
 		"REDIS_URL="+testenv.RedisURL(),
 		"DATABASE_URL="+testenv.DatabaseURL(),
 		"PELGUARD_DB_SCHEMA="+schema,
 		"PELGUARD_STREAM="+stream,
+		"USAGE_STREAM="+usage,
 		"STRIPESIM_ADDR="+freeAddr(t),
 		"PELGUARD_METRICS_ADDR="+freeAddr(t),
 		"TMPDIR="+tmp,
 	)
-	testenv.CleanupKeys(t, testenv.Redis(t), stream, stream+":dead")
+	testenv.CleanupKeys(t, testenv.Redis(t), stream, stream+":dead", usage, usage+":dead")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
@@ -117,7 +122,7 @@ func TestQuickStart(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	logs := out.String()
-	for _, f := range []string{"consumer.log", "stripesim.log"} {
+	for _, f := range []string{"consumer.log", "meter-events.log", "stripesim.log"} {
 		if b, err := os.ReadFile(filepath.Join(root, "bin", f)); err == nil {
 			logs += "\n--- bin/" + f + "\n" + string(b)
 		}
@@ -153,5 +158,25 @@ func TestQuickStart(t *testing.T) {
 	// The audit saw the charge: a run that scanned nothing is clean too.
 	if !strings.Contains(out.String(), "scanned 1 charges") || !strings.Contains(out.String(), "findings: 0 detected") {
 		t.Errorf("the audit did not report one charge scanned and no finding:\n%s", out.String())
+	}
+
+	// The meter step: one usage event, delivered once, counted 3 by Stripe.
+	var meterRows, delivered int
+	q = fmt.Sprintf(`SELECT count(*), count(*) FILTER (WHERE status = 'delivered' AND value = 3 AND event_name = 'api_requests'
+		AND stripe_customer_id = 'cus_ABC') FROM %s.meter_events`, pgx.Identifier{schema}.Sanitize())
+	if err := conn.QueryRow(ctx, q).Scan(&meterRows, &delivered); err != nil {
+		t.Fatalf("reading the meter ledger: %v\n%s", err, logs)
+	}
+	if meterRows != 1 || delivered != 1 {
+		t.Errorf("meter ledger: %d rows, %d delivered of 3 units; want the one usage event delivered\n%s", meterRows, delivered, logs)
+	}
+	if !strings.Contains(out.String(), `"total":3`) {
+		t.Errorf("the emulator's count for cus_ABC is not 3 units:\n%s", out.String())
+	}
+	if n, err := testenv.Redis(t).XLen(ctx, usage+":dead").Result(); err != nil || n != 0 {
+		t.Errorf("%d usage events dead-lettered (%v), want none\n%s", n, err, logs)
+	}
+	if strings.Contains(logs, "meter_event_refused") || strings.Contains(logs, "no Stripe meter") {
+		t.Errorf("the meter consumer saw a refusal: the meter step did not create the meter first\n%s", logs)
 	}
 }
