@@ -126,7 +126,10 @@ max_client_conn = 1000
 ignore_startup_parameters = %s
 server_lifetime = 3600
 server_login_retry = 1
-`, p, auth, pool, ignore)
+stats_period = 1
+admin_users = %s
+stats_users = %s
+`, p, auth, pool, ignore, usr, usr)
 		if err := os.WriteFile(ini, []byte(fmt.Sprintf(tmpl, databases(base.Hostname(), port))), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -252,6 +255,52 @@ func (b *Bouncer) Repoint(t testing.TB, addr string) {
 // databases is the [databases] section: every database on host:port.
 func databases(host, port string) string {
 	return fmt.Sprintf("* = host=%s port=%s\n", host, port)
+}
+
+// Stats are PgBouncer's counters for one database (SHOW STATS): what went
+// through the pooler since it started.
+type Stats struct {
+	Xacts, Queries int64 // transactions, and statements (each a round trip to the server)
+}
+
+// Stats reads the counters of database db from PgBouncer's admin console.
+// PgBouncer folds its counters into them every second (stats_period): it
+// waits that long first.
+func (b *Bouncer) Stats(t testing.TB, db string) Stats {
+	t.Helper()
+	time.Sleep(1100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	u := *b.base
+	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port))
+	u.Path = "/pgbouncer"
+	u.RawQuery = "sslmode=disable&default_query_exec_mode=simple_protocol"
+	c, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("pgbouncer admin console: %v", err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SHOW STATS")
+	if err != nil {
+		t.Fatalf("SHOW STATS: %v", err)
+	}
+	defer rows.Close()
+	var st Stats
+	for rows.Next() {
+		row := map[string]string{}
+		for i, f := range rows.FieldDescriptions() {
+			row[f.Name] = string(rows.RawValues()[i]) // text: the admin console speaks the simple protocol
+		}
+		if row["database"] != db {
+			continue
+		}
+		st.Xacts, _ = strconv.ParseInt(row["total_xact_count"], 10, 64)
+		st.Queries, _ = strconv.ParseInt(row["total_query_count"], 10, 64)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("SHOW STATS: %v", err)
+	}
+	return st
 }
 
 // Log is what PgBouncer wrote so far.
