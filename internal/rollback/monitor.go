@@ -112,6 +112,10 @@ type Monitor struct {
 	mirrored  atomic.Int64    // the highest value of ours Redis confirmed
 	mirrorMu  sync.Mutex
 
+	gen     atomic.Uint64 // numbers the checks' reads, in the order they begin
+	stateMu sync.Mutex    // orders the checks' results (apply)
+	applied uint64        // the newest read whose result is applied
+
 	open      atomic.Bool
 	lostSince atomic.Int64 // unix nanos of the open rollbacks' lost_since
 	repairAt  time.Time    // local backoff after a failed repair
