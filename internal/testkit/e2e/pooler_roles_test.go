@@ -40,13 +40,14 @@ type pooled struct {
 	stream string
 	group  string
 	sim    *stripesim.Server
+	mode   string // the roles' query mode, as URL parameters ("": pelguard's default)
 }
 
-func newPooled(t *testing.T, b *pgbouncer.Bouncer, prefix string) *pooled {
+func newPooled(t *testing.T, b *pgbouncer.Bouncer, prefix, mode string) *pooled {
 	t.Helper()
 	pool, dbURL := testenv.DBWithURL(t)
 	w := &pooled{ctx: context.Background(), pool: pool, b: b, dbURL: dbURL, schema: testenv.SchemaOfURL(dbURL), db: dbName(t, dbURL),
-		rdb: testenv.Redis(t), stream: testenv.Name(t, prefix), group: "billing-group"}
+		rdb: testenv.Redis(t), stream: testenv.Name(t, prefix), group: "billing-group", mode: mode}
 	testenv.CleanupKeys(t, w.rdb, w.stream, w.stream+":dead")
 	w.sim = stripesim.MustNew(stripesim.Config{})
 	t.Cleanup(w.sim.Close)
@@ -122,19 +123,24 @@ func chargeEvent(i int, prefix string) event.Event {
 // parked events once, import rebuilds a lost ledger (in cache_describe and
 // in exec mode), the webhook receiver settles a bank debit, the meter
 // consumer counts usage once and the meter reaper sends nothing twice, and
-// of two auditor runs started together exactly one runs.
+// of two auditor runs started together exactly one runs. The roles run in
+// pelguard's query mode and again in exec, which a team may name in the URL.
 func TestRolesThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := pgbouncer.Start(t, pgbouncer.Config{})
-	t.Run("charges_reaper_replay_console_import", func(t *testing.T) { t.Parallel(); chargesThroughPooler(t, b) })
-	t.Run("webhook", func(t *testing.T) { t.Parallel(); webhookThroughPooler(t, b) })
-	t.Run("meter", func(t *testing.T) { t.Parallel(); meterThroughPooler(t, b) })
+	// pelguard's query mode, and exec, which a team may name in the URL
+	// (parameters typed by their Go types).
+	for _, mode := range []struct{ name, query string }{{"cache_describe", ""}, {"exec", "default_query_exec_mode=exec"}} {
+		t.Run(mode.name+"/charges_reaper_replay_console_import", func(t *testing.T) { t.Parallel(); chargesThroughPooler(t, b, mode.query) })
+		t.Run(mode.name+"/webhook", func(t *testing.T) { t.Parallel(); webhookThroughPooler(t, b, mode.query) })
+		t.Run(mode.name+"/meter", func(t *testing.T) { t.Parallel(); meterThroughPooler(t, b, mode.query) })
+	}
 	t.Run("two_auditor_runs_at_once", func(t *testing.T) { t.Parallel(); twoAuditorRunsThroughPooler(t, b) })
 }
 
-func chargesThroughPooler(t *testing.T, b *pgbouncer.Bouncer) {
-	w := newPooled(t, b, "pooled")
-	env := w.env(t, "")
+func chargesThroughPooler(t *testing.T, b *pgbouncer.Bouncer, mode string) {
+	w := newPooled(t, b, "pooled", mode)
+	env := w.env(t, w.mode)
 	if err := w.rdb.XGroupCreateMkStream(w.ctx, w.stream, w.group, "0").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -335,16 +341,16 @@ var webhookAddr = regexp.MustCompile(`receiving Stripe webhooks"? addr=([0-9.:]+
 
 // The webhook receiver, through the pooler, settles a bank debit the
 // consumer (through the pooler) recorded processing: one charge, charged.
-func webhookThroughPooler(t *testing.T, b *pgbouncer.Bouncer) {
-	w := newPooled(t, b, "pooledhook")
+func webhookThroughPooler(t *testing.T, b *pgbouncer.Bouncer, mode string) {
+	w := newPooled(t, b, "pooledhook", mode)
 	debit, card := chargeEvent(0, "d"), chargeEvent(1, "d")
 	if err := w.sim.SetFaults(stripesim.Faults{DebitCustomers: []string{debit.StripeCustomerID}}); err != nil {
 		t.Fatal(err)
 	}
-	hook := startBin(t, "consumer", w.env(t, "", "PELGUARD_STRIPE_WEBHOOK_SECRET="+webhookSecret), "webhook", "--listen", "127.0.0.1:0", "--metrics-addr", "")
+	hook := startBin(t, "consumer", w.env(t, w.mode, "PELGUARD_STRIPE_WEBHOOK_SECRET="+webhookSecret), "webhook", "--listen", "127.0.0.1:0", "--metrics-addr", "")
 	addr := listenAddr(t, hook, webhookAddr)
 	w.sim.SetWebhook(stripesim.Webhook{URL: "http://" + addr + consumer.WebhookPath, Secret: webhookSecret})
-	cons := startBin(t, "consumer", w.env(t, ""), "run", "--stream", w.stream, "--metrics-addr", "", "--block", "100ms", "--follow-up-every", "1h")
+	cons := startBin(t, "consumer", w.env(t, w.mode), "run", "--stream", w.stream, "--metrics-addr", "", "--block", "100ms", "--follow-up-every", "1h")
 	w.add(t, debit.Payload())
 	w.add(t, card.Payload())
 	status := func(cus string) (s string) {
@@ -376,13 +382,13 @@ func webhookThroughPooler(t *testing.T, b *pgbouncer.Bouncer) {
 // The meter consumer, through the pooler, sends each usage event once; an
 // entry put back in the PEL after its delivery is acked by the meter
 // reaper without being sent again.
-func meterThroughPooler(t *testing.T, b *pgbouncer.Bouncer) {
+func meterThroughPooler(t *testing.T, b *pgbouncer.Bouncer, mode string) {
 	const n = 20
-	w := newPooled(t, b, "pooledmeter")
+	w := newPooled(t, b, "pooledmeter", mode)
 	if _, err := w.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: "api_requests"}); err != nil {
 		t.Fatal(err)
 	}
-	env := w.env(t, "")
+	env := w.env(t, w.mode)
 	now := time.Now().UTC().Truncate(time.Second)
 	var payloads []string
 	for i := range n {
