@@ -4,10 +4,13 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/ledger"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
@@ -72,5 +75,39 @@ func TestACheckThatReadBeforeADetectionDoesNotClearIt(t *testing.T) {
 	}
 	if !m.Suspect() {
 		t.Fatal("a check that read before the detection cleared the suspicion while the rollback is open")
+	}
+}
+
+// A charged outcome whose transaction meets a server the monitor's last
+// check did not run on (a failover behind a pooler) waits for the check:
+// the check runs once, on that server, and is counted.
+func TestAWriteOnAnUncheckedServerRunsTheCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	schema := testenv.SchemaOf(pool)
+	m, err := New(Config{Schema: schema, Writer: "consumer/a", Logger: testenv.Logger(t), Every: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	real := m.CheckedServer()
+	m.server.Store(real + 1) // the last check ran on another server
+	l := ledger.New(pool, schema, nil)
+	l.SetWitness(m)
+	e := event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 100, Currency: "usd", BillingPeriod: "2026-11"}
+	got, err := l.ReserveNew(ctx, []ledger.ReserveRequest{{Event: e, IdempotencyKey: e.Key("test"), Owner: "a", Lease: time.Minute, MessageID: "1-0"}})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("reserve: %v %v", got, err)
+	}
+	done, err := l.FinishCharged(ctx, []ledger.Charged{{Record: got[ledger.EventKey(e)], ChargeID: "ch_1"}})
+	if err != nil || !done[ledger.EventKey(e)] {
+		t.Fatalf("the charged outcome on an unchecked server: %v %v", done, err)
+	}
+	if n := m.Rechecks(); n != 1 || m.CheckedServer() != real {
+		t.Fatalf("%d rechecks, checked server %d; want 1 and the real server %d", n, m.CheckedServer(), real)
 	}
 }

@@ -302,8 +302,13 @@ func failoverDrill(t *testing.T, o drillOpts) {
 		return repaired != 0 && charged(0, total) >= total && acked() && ledgerCharged(t, ctx, procs[0].pool, schema) == total
 	}, "billing did not resume with a ledger equal to Stripe (charged %d of %d, ledger %d)",
 		charged(0, total), total, ledgerCharged(t, ctx, procs[0].pool, schema))
-	t.Logf("detected %v after the failover, repaired %v after it (%d repair runs); the fleet's pools opened %d connections across it",
-		detected.Round(time.Millisecond), repaired.Round(time.Millisecond), repairs.Load(), newConns(procs)-connsBefore)
+	var rechecks int64
+	for _, p := range procs {
+		rechecks += p.mon.Rechecks()
+	}
+	t.Logf("detected %v after the failover, repaired %v after it (%d repair runs); the fleet's pools opened %d connections across it; "+
+		"%d writes met a server their monitor had not checked and waited for the check",
+		detected.Round(time.Millisecond), repaired.Round(time.Millisecond), repairs.Load(), newConns(procs)-connsBefore, rechecks)
 
 	assertLedgerEqualsStripe(t, ctx, procs[0].pool, schema, sim, total)
 	if got := kinds(notes.Alerts()); got[alerts.KindLedgerRollback] != 1 || got[alerts.KindLedgerRepaired] != 1 {

@@ -112,6 +112,8 @@ type Monitor struct {
 	mirrored  atomic.Int64    // the highest value of ours Redis confirmed
 	mirrorMu  sync.Mutex
 
+	rechecks atomic.Int64 // Recheck calls
+
 	gen     atomic.Uint64 // numbers the checks' reads, in the order they begin
 	stateMu sync.Mutex    // orders the checks' results (apply)
 	applied uint64        // the newest read whose result is applied
@@ -188,8 +190,13 @@ func (m *Monitor) Recheck(ctx context.Context) error {
 	if m.db.Pool == nil {
 		return nil // not started: the checks on each connection still run
 	}
+	m.rechecks.Add(1)
+	m.metrics.rechecks.Inc()
 	return m.check(ctx, m.db.Pool)
 }
+
+// Rechecks is how many times a ledger write made the check run (Recheck).
+func (m *Monitor) Rechecks() int64 { return m.rechecks.Load() }
 
 // Suspect reports whether the ledger may be missing rows: a rollback is
 // recorded and not yet repaired. Charges ask Stripe first while it lasts.
