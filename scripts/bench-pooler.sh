@@ -6,7 +6,7 @@
 # events/s over ROUNDS rounds and the ratios the connection-pooler page
 # reports, all from this one run.
 #
-#   scripts/bench-pooler.sh [ROUNDS]     (default 5)
+#   scripts/bench-pooler.sh [ROUNDS [OPS]]   (default 5 rounds of 1 op: 2,000 events per op)
 #
 # Each variant runs in a process of its own and the order rotates every
 # round, so a change of load on a shared machine falls on every variant
@@ -14,6 +14,7 @@
 # variant N times in a row). Needs pgbouncer (apt-get install -y pgbouncer).
 set -euo pipefail
 rounds="${1:-5}"
+ops="${2:-1}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -24,7 +25,7 @@ for r in $(seq 1 "$rounds"); do
   for k in 0 1 2 3; do
     v="${variants[$(( (r + k) % 4 ))]}"
     line="$("$root/scripts/services.sh" run "$tmp/consumer.test" -test.run '^$' \
-      -test.bench "BenchmarkConsumerPooler/^${v}\$" -test.benchtime 1x -test.count 1 2>&1 | grep '^BenchmarkConsumerPooler' || true)"
+      -test.bench "BenchmarkConsumerPooler/^${v}\$" -test.benchtime "${ops}x" -test.count 1 2>&1 | grep '^BenchmarkConsumerPooler' || true)"
     if [ -z "$line" ]; then
       echo "bench-pooler: $v produced no result (is pgbouncer installed?)" >&2
       exit 1
