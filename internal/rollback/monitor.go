@@ -272,9 +272,13 @@ func (m *Monitor) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-// Close stops the checks Start began and waits for them (a repair in
-// progress is cancelled); the witness keeps serving Committed and Mirror.
-// Call it before closing the pool.
+// closeWait bounds how long Close waits for a check in flight.
+const closeWait = 5 * time.Second
+
+// Close stops the checks Start began and waits for them (a check in flight
+// finishes, within closeWait; a repair in progress is cancelled); the
+// witness keeps serving Committed and Mirror. Call it before closing the
+// pool.
 func (m *Monitor) Close() {
 	if m == nil || m.stop == nil {
 		return
@@ -299,9 +303,15 @@ func (m *Monitor) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := m.check(ctx, m.db.Pool); err != nil && ctx.Err() == nil {
+		// Close lets a check in flight finish (bounded) instead of
+		// interrupting its statement: pgx closes an interrupted connection
+		// with a cancel request, which a process exiting right after can
+		// leave half-sent to a connection pooler (PgBouncer 1.18 exits on it).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeWait)
+		if err := m.check(cctx, m.db.Pool); err != nil && ctx.Err() == nil {
 			m.cfg.Logger.Warn("checking the ledger for a rollback", "err", err)
 		}
+		cancel()
 	}
 }
 
