@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +69,11 @@ func BenchmarkConsumerPooler(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			pooled := strings.HasPrefix(c.name, "pgbouncer/")
+			var before pgbouncer.Stats
+			if pooled {
+				before = bouncer.Stats(b, cfg.ConnConfig.Database)
+			}
 			b.ResetTimer()
 			start := time.Now()
 			if err := cons.Start(context.Background()); err != nil {
@@ -78,6 +84,13 @@ func BenchmarkConsumerPooler(b *testing.B) {
 			b.StopTimer()
 			_ = cons.Stop(context.Background())
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
+			if pooled {
+				// What crossed the pooler per event: each statement is a
+				// round trip client → PgBouncer → Postgres and back.
+				after := bouncer.Stats(b, cfg.ConnConfig.Database)
+				b.ReportMetric(float64(after.Queries-before.Queries)/float64(n), "stmts/event")
+				b.ReportMetric(float64(after.Xacts-before.Xacts)/float64(n), "xacts/event")
+			}
 		})
 	}
 }

@@ -335,9 +335,18 @@ func TestActionRequiredFixedAndReplayed(t *testing.T) {
 	if err := m.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := consumer.ReplayDeadLetters(context.Background(), m.rdb, m.stream, consumer.ReasonActionRequired, 0, false)
-	if err != nil || len(got) != 2 {
+	// One replayed with the reason's replay, the other alone (the
+	// console's replay of one dead letter): both charge again.
+	got, err := consumer.ReplayDeadLetters(context.Background(), m.rdb, m.stream, consumer.ReasonActionRequired, 1, false)
+	if err != nil || len(got) != 1 {
 		t.Fatalf("replay: %v %v", got, err)
+	}
+	left := m.rdb.XRange(context.Background(), consumer.DeadLetterStream(m.stream), "-", "+").Val()
+	if len(left) != 1 {
+		t.Fatalf("%d dead letters left after replaying one", len(left))
+	}
+	if _, err := consumer.ReplayDeadLetter(context.Background(), m.rdb, m.stream, left[0].ID); err != nil {
+		t.Fatal(err)
 	}
 	for range 2 {
 		if out := m.deliver(t); out != consumer.OutcomeCharged {

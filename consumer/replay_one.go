@@ -39,6 +39,9 @@ func ReplayDeadLetter(ctx context.Context, rdb redis.UniversalClient, stream, de
 	for _, k := range deadLetterMeta {
 		delete(values, k)
 	}
+	// As ReplayDeadLetters: without it, a parked action_required or failed
+	// row's replay is acked as already billed and nobody is charged.
+	values[ReplayedFromField] = m.ID
 	if rep.NewID, err = rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Result(); err != nil {
 		return rep, fmt.Errorf("replaying %s onto %s: %w", m.ID, stream, err)
 	}

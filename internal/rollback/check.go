@@ -107,7 +107,12 @@ func newestOf(stamps map[string]time.Time) time.Time {
 }
 
 // check compares once and acts on a loss.
+// Checks run at once (the periodic one, one per new connection, one per
+// write that met an unchecked server): each applies what it read only if
+// no check that began reading later has applied its own, so a read from
+// before a detection never clears the suspicion the detection raised.
 func (m *Monitor) check(ctx context.Context, q querier) error {
+	gen := m.gen.Add(1)
 	st, ok, err := m.read(ctx, q)
 	if err != nil || !ok {
 		return err
@@ -117,15 +122,30 @@ func (m *Monitor) check(ctx context.Context, q querier) error {
 		if err := m.detect(ctx, q, seen); err != nil {
 			return err
 		}
+		gen = m.gen.Add(1)
 		if st, _, err = m.read(ctx, q); err != nil {
 			return err
 		}
 	}
 	m.remember(st)
 	m.publish(ctx, st)
-	m.setOpen(st.open, st.lostSince)
-	m.server.Store(st.server)
+	m.apply(gen, func() {
+		m.setOpen(st.open, st.lostSince)
+		m.server.Store(st.server)
+	})
 	return nil
+}
+
+// apply runs set, the state a read of generation gen found, unless a read
+// that began later was applied already.
+func (m *Monitor) apply(gen uint64, set func()) {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	if gen < m.applied {
+		return
+	}
+	m.applied = gen
+	set()
 }
 
 // witnessed is every value this process knows was committed: its memory
@@ -338,7 +358,9 @@ func (m *Monitor) detect(ctx context.Context, q querier, seen map[string]int64) 
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("committing the ledger rollback: %w", err)
 	}
-	m.setOpen(true, lostSince)
+	// Newer than any read begun before the commit: such a read, applied
+	// late, must not clear it.
+	m.apply(m.gen.Add(1), func() { m.setOpen(true, lostSince) })
 	if merged {
 		m.cfg.Logger.Warn("the ledger went back in time: more evidence of the recorded rollback",
 			"rollback", id, "lost", evidence, "fenced", fenced)

@@ -15,9 +15,11 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/ledger"
+	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/repair"
 	"github.com/pelguard/pelguard/internal/rollback"
 	"github.com/pelguard/pelguard/internal/stripesim"
+	"github.com/pelguard/pelguard/internal/testkit/pgbouncer"
 	"github.com/pelguard/pelguard/internal/testkit/pgfailover"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 	"github.com/pelguard/pelguard/migrations"
@@ -33,7 +35,7 @@ import (
 // Stripe has forgotten, must charge nobody twice.
 func TestBillingThroughAFailoverThatLosesCommits(t *testing.T) {
 	t.Parallel()
-	failoverDrill(t, false)
+	failoverDrill(t, drillOpts{})
 }
 
 // The same, with Redis rolled back at the same moment (its AOF lost the
@@ -42,7 +44,28 @@ func TestBillingThroughAFailoverThatLosesCommits(t *testing.T) {
 // memory is the witness.
 func TestBillingThroughAFailoverWithRedisRolledBackToo(t *testing.T) {
 	t.Parallel()
-	failoverDrill(t, true)
+	failoverDrill(t, drillOpts{redisRollsBack: true})
+}
+
+// The same behind PgBouncer in transaction mode, re-pointed at the promoted
+// replica after the failover as a team does: the fleet's connections to the
+// pooler survive it, so pgx's check on each new connection does not run for
+// them; the server identity in each outcome's witness bump makes the check
+// run on the new primary before any outcome commits there. Every event is
+// charged once at the emulator and the ledger is repaired to equal it.
+func TestBillingThroughAFailoverBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	failoverDrill(t, drillOpts{pooler: true})
+}
+
+// drillOpts vary the failover drill.
+type drillOpts struct {
+	// redisRollsBack: Redis loses the last second at the failover too.
+	redisRollsBack bool
+	// pooler puts PgBouncer (transaction mode) between the fleet and the
+	// primary, re-pointed at the promoted replica after the failover
+	// (TestBillingThroughAFailoverBehindPgBouncer).
+	pooler bool
 }
 
 const (
@@ -62,9 +85,29 @@ type drillProc struct {
 	pool *pgxpool.Pool
 }
 
-func failoverDrill(t *testing.T, redisRollsBack bool) {
+func failoverDrill(t *testing.T, o drillOpts) {
 	failoverSlot(t)
 	cl := pgfailover.Start(t, pgfailover.Options{})
+	redisRollsBack := o.redisRollsBack
+	// The fleet's way in: the cluster's VIP, or the pooler in front of the
+	// primary, whose client connections outlive the failover.
+	clientURL, repoint := cl.URL(), func() {}
+	if o.pooler {
+		b := pgbouncer.Start(t, pgbouncer.Config{Server: cl.Primary().URL()})
+		clientURL, repoint = b.URL(""), func() { b.Repoint(t, cl.Primary().Addr()) }
+	}
+	// As every role opens its pool: pgx's cache_describe mode (cache_statement
+	// fails through a transaction-mode pooler), the check on each new
+	// connection.
+	poolConfig := func() *pgxpool.Config {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(clientURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pg.PoolerSafe(cfg)
+		return cfg
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	const schema = "pelguard"
@@ -86,7 +129,7 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		t.Fatal(err)
 	}
 	{
-		admin, err := pgxpool.New(ctx, cl.URL())
+		admin, err := pgxpool.NewWithConfig(ctx, poolConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,18 +149,23 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 	notes := alerts.NewMemory()
 	var repairs atomic.Int32
 
+	// Behind the pooler the periodic check runs every 2 s (production: 1 s),
+	// so that the writes reaching the promoted primary through connections
+	// that outlived the failover meet the server fence before the next
+	// periodic check does (the drill logs how many did).
+	every := 200 * time.Millisecond
+	if o.pooler {
+		every = 2 * time.Second
+	}
 	start := func(name string, reap bool) drillProc {
 		t.Helper()
 		role := map[bool]string{false: "consumer/", true: "reaper/"}[reap]
 		mon, err := rollback.New(rollback.Config{Schema: schema, Writer: role + name, Redis: rdb, Notifier: notes,
-			Logger: testenv.Logger(t), Clock: clk, Every: 200 * time.Millisecond})
+			Logger: testenv.Logger(t), Clock: clk, Every: every})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := pgxpool.ParseConfig(cl.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg := poolConfig()
 		cfg.MaxConns, cfg.AfterConnect = 8, mon.AfterConnect
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
@@ -221,11 +269,13 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 	testenv.Eventually(t, 60*time.Second, func() bool { return charged(0, drillBefore+drillLost) == drillBefore+drillLost && acked() },
 		"the events billed during the stall were not billed")
 
+	connsBefore := newConns(procs)
 	loss, err := cl.FailoverLosingCommits(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	detectedFrom := time.Now()
+	repoint()
 	if redisRollsBack {
 		restoreKeys(t, ctx, rdb, dumps)
 	}
@@ -260,7 +310,13 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		return repaired != 0 && charged(0, total) >= total && acked() && ledgerCharged(t, ctx, procs[0].pool, schema) == total
 	}, "billing did not resume with a ledger equal to Stripe (charged %d of %d, ledger %d)",
 		charged(0, total), total, ledgerCharged(t, ctx, procs[0].pool, schema))
-	t.Logf("detected %v after the failover, repaired %v after it (%d repair runs)", detected.Round(time.Millisecond), repaired.Round(time.Millisecond), repairs.Load())
+	var rechecks int64
+	for _, p := range procs {
+		rechecks += p.mon.Rechecks()
+	}
+	t.Logf("detected %v after the failover, repaired %v after it (%d repair runs); the fleet's pools opened %d connections across it; "+
+		"%d writes met a server their monitor had not checked and waited for the check",
+		detected.Round(time.Millisecond), repaired.Round(time.Millisecond), repairs.Load(), newConns(procs)-connsBefore, rechecks)
 
 	assertLedgerEqualsStripe(t, ctx, procs[0].pool, schema, sim, total)
 	if got := kinds(notes.Alerts()); got[alerts.KindLedgerRollback] != 1 || got[alerts.KindLedgerRepaired] != 1 {
@@ -277,6 +333,15 @@ func failoverDrill(t *testing.T, redisRollsBack bool) {
 		t.Fatalf("after the lost events came back a day later: %d charges for %d events (duplicates: %d)", got, total, got-total)
 	}
 	assertLedgerEqualsStripe(t, ctx, procs[0].pool, schema, sim, total)
+}
+
+// newConns is how many connections the processes' pools have opened.
+func newConns(procs []drillProc) int64 {
+	var n int64
+	for _, p := range procs {
+		n += p.pool.Stat().NewConnsCount()
+	}
+	return n
 }
 
 func ledgerCharged(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) int {

@@ -6,6 +6,7 @@ type metrics struct {
 	detected prometheus.Counter
 	rebuilt  prometheus.Counter
 	open     prometheus.Gauge
+	rechecks prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,9 +23,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "pelguard_ledger_rollback_open",
 			Help: "1 while a ledger rollback is recorded and not yet repaired: every charge asks Stripe first.",
 		}),
+		rechecks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pelguard_ledger_server_rechecks_total",
+			Help: "Rollback checks run because a ledger write met a Postgres server the last check had not run on (a failover or restart behind a connection pooler); the write waited for the check.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.detected, m.rebuilt, m.open)
+		reg.MustRegister(m.detected, m.rebuilt, m.open, m.rechecks)
 	}
 	return m
 }

@@ -112,6 +112,12 @@ type Monitor struct {
 	mirrored  atomic.Int64    // the highest value of ours Redis confirmed
 	mirrorMu  sync.Mutex
 
+	rechecks atomic.Int64 // Recheck calls
+
+	gen     atomic.Uint64 // numbers the checks' reads, in the order they begin
+	stateMu sync.Mutex    // orders the checks' results (apply)
+	applied uint64        // the newest read whose result is applied
+
 	open      atomic.Bool
 	lostSince atomic.Int64 // unix nanos of the open rollbacks' lost_since
 	repairAt  time.Time    // local backoff after a failed repair
@@ -184,8 +190,13 @@ func (m *Monitor) Recheck(ctx context.Context) error {
 	if m.db.Pool == nil {
 		return nil // not started: the checks on each connection still run
 	}
+	m.rechecks.Add(1)
+	m.metrics.rechecks.Inc()
 	return m.check(ctx, m.db.Pool)
 }
+
+// Rechecks is how many times a ledger write made the check run (Recheck).
+func (m *Monitor) Rechecks() int64 { return m.rechecks.Load() }
 
 // Suspect reports whether the ledger may be missing rows: a rollback is
 // recorded and not yet repaired. Charges ask Stripe first while it lasts.
@@ -261,9 +272,13 @@ func (m *Monitor) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-// Close stops the checks Start began and waits for them (a repair in
-// progress is cancelled); the witness keeps serving Committed and Mirror.
-// Call it before closing the pool.
+// closeWait bounds how long Close waits for a check in flight.
+const closeWait = 5 * time.Second
+
+// Close stops the checks Start began and waits for them (a check in flight
+// finishes, within closeWait; a repair in progress is cancelled); the
+// witness keeps serving Committed and Mirror. Call it before closing the
+// pool.
 func (m *Monitor) Close() {
 	if m == nil || m.stop == nil {
 		return
@@ -288,9 +303,15 @@ func (m *Monitor) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := m.check(ctx, m.db.Pool); err != nil && ctx.Err() == nil {
+		// Close lets a check in flight finish (bounded) instead of
+		// interrupting its statement: pgx closes an interrupted connection
+		// with a cancel request, which a process exiting right after can
+		// leave half-sent to a connection pooler (PgBouncer 1.18 exits on it).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeWait)
+		if err := m.check(cctx, m.db.Pool); err != nil && ctx.Err() == nil {
 			m.cfg.Logger.Warn("checking the ledger for a rollback", "err", err)
 		}
+		cancel()
 	}
 }
 

@@ -41,6 +41,9 @@ type Config struct {
 	// PoolSize is default_pool_size, the server connections per database
 	// and user (0: 20).
 	PoolSize int
+	// Server is the URL of the Postgres the pooler fronts (empty:
+	// testenv's DATABASE_URL). Repoint moves the pooler to another server.
+	Server string
 }
 
 // Bouncer is a running PgBouncer.
@@ -49,6 +52,10 @@ type Bouncer struct {
 	cmd  *exec.Cmd
 	out  *syncBuffer
 	base *url.URL
+
+	mu   sync.Mutex
+	conf string // pgbouncer.ini's path
+	tmpl string // its text, with %s for the [databases] section
 }
 
 // Start runs PgBouncer in transaction mode in front of testenv's
@@ -62,11 +69,15 @@ func Start(t testing.TB, cfg Config) *Bouncer {
 		}
 		t.Skipf("pgbouncer not found: %s to run the connection-pooler tests", InstallHint)
 	}
-	base, err := url.Parse(testenv.DatabaseURL())
-	if err != nil {
-		t.Fatalf("DATABASE_URL: %v", err)
+	server := cfg.Server
+	if server == "" {
+		server = testenv.DatabaseURL()
 	}
-	host, port := base.Hostname(), base.Port()
+	base, err := url.Parse(server)
+	if err != nil {
+		t.Fatalf("the pooler's server URL: %v", err)
+	}
+	port := base.Port()
 	if port == "" {
 		port = "5432"
 	}
@@ -99,9 +110,10 @@ func Start(t testing.TB, cfg Config) *Bouncer {
 	for attempt := 0; ; attempt++ {
 		p := freePort(t)
 		ini := filepath.Join(dir, "pgbouncer.ini")
-		conf := fmt.Sprintf(`[databases]
-* = host=%s port=%s
-
+		// The template keeps %s for the [databases] section, which Repoint
+		// rewrites.
+		tmpl := fmt.Sprintf(`[databases]
+%%s
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = %d
@@ -113,8 +125,12 @@ default_pool_size = %d
 max_client_conn = 1000
 ignore_startup_parameters = %s
 server_lifetime = 3600
-`, host, port, p, auth, pool, ignore)
-		if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
+server_login_retry = 1
+stats_period = 1
+admin_users = %s
+stats_users = %s
+`, p, auth, pool, ignore, usr, usr)
+		if err := os.WriteFile(ini, []byte(fmt.Sprintf(tmpl, databases(base.Hostname(), port))), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		args := []string{ini}
@@ -125,7 +141,7 @@ server_lifetime = 3600
 			}
 			args = []string{"-u", nobody.Username, ini}
 		}
-		b := &Bouncer{Port: p, out: &syncBuffer{}, base: base}
+		b := &Bouncer{Port: p, out: &syncBuffer{}, base: base, conf: ini, tmpl: tmpl}
 		b.cmd = exec.Command(bin, args...)
 		b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
 		b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -195,6 +211,96 @@ func (b *Bouncer) URL(query string) string {
 	}
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// Repoint moves the pooler to the Postgres at addr (host:port), as a team
+// does after a failover: it rewrites the [databases] section and has
+// PgBouncer reload it (SIGHUP). PgBouncer closes each server connection to
+// the old server once it is released; the client connections stay. It
+// returns once a new transaction through the pooler runs on addr.
+func (b *Bouncer) Repoint(t testing.TB, addr string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("pgbouncer: repoint to %q: %v", addr, err)
+	}
+	b.mu.Lock()
+	err = os.WriteFile(b.conf, []byte(fmt.Sprintf(b.tmpl, databases(host, port))), 0o644)
+	b.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatalf("pgbouncer: reload: %v", err)
+	}
+	want, _ := strconv.Atoi(port)
+	deadline := time.Now().Add(30 * time.Second)
+	var got int
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c, err := pgx.Connect(ctx, b.URL("default_query_exec_mode=exec"))
+		if err == nil {
+			err = c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&got)
+			_ = c.Close(ctx)
+		}
+		cancel()
+		if err == nil && got == want {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("pgbouncer: still not on %s 30s after the reload (last port %d)\n%s", addr, got, b.Log())
+}
+
+// databases is the [databases] section: every database on host:port.
+func databases(host, port string) string {
+	return fmt.Sprintf("* = host=%s port=%s\n", host, port)
+}
+
+// Stats are PgBouncer's counters for one database (SHOW STATS): what went
+// through the pooler since it started.
+type Stats struct {
+	Xacts, Queries int64 // transactions, and statements (each a round trip to the server)
+}
+
+// Stats reads the counters of database db from PgBouncer's admin console.
+// PgBouncer folds its counters into them every second (stats_period): it
+// waits that long first.
+func (b *Bouncer) Stats(t testing.TB, db string) Stats {
+	t.Helper()
+	time.Sleep(1100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	u := *b.base
+	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port))
+	u.Path = "/pgbouncer"
+	u.RawQuery = "sslmode=disable&default_query_exec_mode=simple_protocol"
+	c, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("pgbouncer admin console: %v", err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SHOW STATS")
+	if err != nil {
+		t.Fatalf("SHOW STATS: %v", err)
+	}
+	defer rows.Close()
+	var st Stats
+	for rows.Next() {
+		row := map[string]string{}
+		for i, f := range rows.FieldDescriptions() {
+			row[f.Name] = string(rows.RawValues()[i]) // text: the admin console speaks the simple protocol
+		}
+		if row["database"] != db {
+			continue
+		}
+		st.Xacts, _ = strconv.ParseInt(row["total_xact_count"], 10, 64)
+		st.Queries, _ = strconv.ParseInt(row["total_query_count"], 10, 64)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("SHOW STATS: %v", err)
+	}
+	return st
 }
 
 // Log is what PgBouncer wrote so far.
