@@ -60,7 +60,12 @@ type MeterConfig struct {
 	// SafeWindow: an unknown outcome is re-sent only this long after the
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
-	Witness    LedgerWitness // see Config.Witness
+	// SendFromLedger: record each event in the ledger at ingest and ack
+	// it, and send from the ledger (meter_ingest.go); the ledger is fenced
+	// against per-event consumers from the first start. Default: per
+	// event, from the stream's pending entries.
+	SendFromLedger bool
+	Witness        LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own
 	// PEL, read again on resume).
@@ -160,6 +165,11 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
 		return err
 	}
+	waitSenders, err := c.startSenders(ctx)
+	if err != nil {
+		return err
+	}
+	defer waitSenders()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -333,6 +343,9 @@ func (c *MeterConsumer) Redrive(ctx context.Context, msgs []redis.XMessage) (Met
 
 // process is ProcessBatch, also returning the entries it left pending.
 func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (MeterBatch, []redis.XMessage, error) {
+	if c.cfg.SendFromLedger {
+		return c.ingest(ctx, msgs)
+	}
 	var b MeterBatch
 	var left []redis.XMessage
 	now := c.cfg.Clock.Now()

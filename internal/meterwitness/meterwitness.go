@@ -42,6 +42,10 @@ const Retention = 2 * time.Hour
 const (
 	Delivered = "delivered"
 	Parked    = "parked"
+	// Queued: recorded at ingest and acked, maybe not sent yet (a consumer
+	// that sends from the ledger). FirstSentAt is the ingest: no attempt
+	// of the event is older.
+	Queued = "queued"
 )
 
 // prunedMember holds, as its score, the bound below which members were
@@ -90,7 +94,7 @@ func parse(member string, score float64) (Sent, error) {
 		s.FirstSentAt = time.UnixMicro(w.First).UTC()
 	}
 	s.At = time.UnixMilli(int64(score)).UTC()
-	if s.Identifier == "" || s.EventName == "" || s.StripeCustomerID == "" || (s.Status != Delivered && s.Status != Parked) {
+	if s.Identifier == "" || s.EventName == "" || s.StripeCustomerID == "" || (s.Status != Delivered && s.Status != Parked && s.Status != Queued) {
 		return Sent{}, fmt.Errorf("incomplete member")
 	}
 	return s, nil

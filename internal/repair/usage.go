@@ -163,8 +163,17 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 		if r.Status == meterledger.StatusParked && r.Reason == "" {
 			r.Reason = "parked before the ledger's rollback (restored from the meter witness)"
 		}
+		if r.Status == meterledger.StatusQueued {
+			// Ingested and acked: restored sending, of unknown outcome since
+			// its ingest (no attempt is older), for its stream's senders.
+			r.FirstSentAt, r.Stream = e.At, s.Stream
+			if !e.FirstSentAt.IsZero() && e.FirstSentAt.Before(e.At) {
+				r.FirstSentAt = e.FirstSentAt
+			}
+		}
 		if i, ok := byKey[k]; ok {
-			if r.Status == meterledger.StatusDelivered {
+			// delivered wins over parked, and both over queued.
+			if r.Status == meterledger.StatusDelivered || r.Status == meterledger.StatusParked && evs[i].Status == meterledger.StatusQueued {
 				evs[i] = r
 			}
 			continue
