@@ -65,6 +65,11 @@ type MeterConfig struct {
 	// against per-event consumers from the first start. Default: per
 	// event, from the stream's pending entries.
 	SendFromLedger bool
+	// AggregateMeters are the event names of sum meters: with
+	// SendFromLedger, one call carries the sum of a customer's queued
+	// events of one timestamp second. Never a count or last meter: Stripe
+	// would count one event, or keep one value.
+	AggregateMeters []string
 	Witness        LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -145,9 +146,33 @@ func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
 // refusals from the ledger's copy of their entries. It returns how many
 // calls it made.
 func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
+	na, err := c.sendAggregates(ctx)
+	if err != nil {
+		return na, err
+	}
 	recs, err := c.ledger.Unsent(ctx, c.cfg.Stream, c.cfg.Workers)
 	if err != nil || len(recs) == 0 {
-		return 0, err
+		return na, err
+	}
+	var forms []meterledger.Record
+	var perEvent []meterledger.Record
+	for _, r := range recs {
+		if r.Status == meterledger.StatusQueued && !r.OutcomeUnknown && slices.Contains(c.cfg.AggregateMeters, r.EventName) {
+			forms = append(forms, r)
+		} else {
+			perEvent = append(perEvent, r)
+		}
+	}
+	if len(forms) > 0 {
+		n, err := c.formAndSend(ctx, forms)
+		na += n
+		if err != nil {
+			return na, err
+		}
+	}
+	recs = perEvent
+	if len(recs) == 0 {
+		return na, nil
 	}
 	items := make([]*pendingMsg, len(recs))
 	reqs := make([]meterledger.Request, len(recs))
@@ -230,5 +255,5 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 			return len(send), err
 		}
 	}
-	return len(send), c.settle(dctx, nil, dead, nil, &b)
+	return na + len(send), c.settle(dctx, nil, dead, nil, &b)
 }

@@ -25,7 +25,7 @@ func (l *Ledger) Unsent(ctx context.Context, stream string, limit int) ([]Record
 	rows, err := l.pool.Query(ctx, `WITH c AS (
 			SELECT DISTINCT ON (m.stripe_customer_id, m.event_name) m.*
 			FROM (
-				SELECT * FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1
+				SELECT * FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1 AND aggregate IS NULL
 					AND (lease_expires_at IS NULL OR lease_expires_at <= $2)
 				UNION ALL
 				SELECT * FROM {schema}.meter_events WHERE status = 'queued' AND stream = $1
