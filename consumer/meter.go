@@ -70,7 +70,7 @@ type MeterConfig struct {
 	// events of one timestamp second. Never a count or last meter: Stripe
 	// would count one event, or keep one value.
 	AggregateMeters []string
-	Witness        LedgerWitness // see Config.Witness
+	Witness         LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own
 	// PEL, read again on resume).

@@ -157,9 +157,15 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 	var forms []meterledger.Record
 	var perEvent []meterledger.Record
 	for _, r := range recs {
-		if r.Status == meterledger.StatusQueued && !r.OutcomeUnknown && slices.Contains(c.cfg.AggregateMeters, r.EventName) {
-			forms = append(forms, r)
-		} else {
+		switch {
+		case r.Status == meterledger.StatusQueued && !r.OutcomeUnknown && slices.Contains(c.cfg.AggregateMeters, r.EventName):
+			if !c.cfg.Witness.Suspect() {
+				forms = append(forms, r)
+			}
+			// While a rollback is unrepaired no aggregate is formed: one of
+			// that second may have been sent and lost with the ledger's
+			// rows; the repair restores it from the witness first.
+		default:
 			perEvent = append(perEvent, r)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,7 @@ type MeterOptions struct {
 	Workers               int
 	Pipeline              int
 	SendFromLedger        bool
+	AggregateMeters       string
 	Lease                 time.Duration
 	SafeWindow            time.Duration
 	MetricsAddr           string
@@ -71,6 +73,8 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
 	fs.BoolVar(&o.SendFromLedger, "send-from-ledger", false, "record each event in the ledger at ingest and ack it, and send from the ledger: "+
 		"a busy customer's backlog never delays another's; fences the ledger against per-event consumers for good")
+	fs.StringVar(&o.AggregateMeters, "aggregate-meters", "", "comma-separated event names of sum meters whose events of one second go to Stripe "+
+		"as one call carrying their sum (with --send-from-ledger); never a count or last meter")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("PELGUARD_METRICS_ADDR", "127.0.0.1:9464"), "address of /metrics, /healthz, /readyz (empty: off) [PELGUARD_METRICS_ADDR]")
@@ -92,6 +96,8 @@ func (o *MeterOptions) Validate() error {
 	}
 	o.streams = streams
 	switch {
+	case o.AggregateMeters != "" && !o.SendFromLedger:
+		return cli.Usagef("--aggregate-meters needs --send-from-ledger")
 	case o.Count <= 0 || o.Workers <= 0:
 		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
 	case o.Pipeline < 1 || o.Pipeline > 16:
@@ -145,7 +151,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, AggregateMeters: splitList(o.AggregateMeters), Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
@@ -180,4 +186,15 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	wg.Wait()
 	logger.Info("stopped cleanly")
 	return cli.ExitOK
+}
+
+// splitList splits a comma-separated flag value, dropping empty names.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
