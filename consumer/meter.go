@@ -351,21 +351,6 @@ func (c *MeterConsumer) Redrive(ctx context.Context, msgs []redis.XMessage) (Met
 	return total, nil
 }
 
-// ledgerFenced reports whether the ledger sends from ingest: once true for
-// good; while false, read again at most every 5 s.
-func (c *MeterConsumer) ledgerFenced(ctx context.Context) bool {
-	if c.fenced.Load() {
-		return true
-	}
-	if now := time.Now().UnixNano(); now-c.checkedFence.Load() > int64(5*time.Second) {
-		c.checkedFence.Store(now)
-		if f, _, err := c.ledger.SendsFenced(ctx); err == nil && f {
-			c.fenced.Store(true)
-		}
-	}
-	return c.fenced.Load()
-}
-
 // process is ProcessBatch, also returning the entries it left pending.
 func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (MeterBatch, []redis.XMessage, error) {
 	if c.cfg.SendFromLedger || c.ledgerFenced(ctx) {

@@ -263,3 +263,18 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 	}
 	return na + len(send), c.settle(dctx, nil, dead, nil, &b)
 }
+
+// ledgerFenced reports whether the ledger sends from ingest: once true for
+// good; while false, read again at most every 5 s.
+func (c *MeterConsumer) ledgerFenced(ctx context.Context) bool {
+	if c.fenced.Load() {
+		return true
+	}
+	if now := time.Now().UnixNano(); now-c.checkedFence.Load() > int64(5*time.Second) {
+		c.checkedFence.Store(now)
+		if f, _, err := c.ledger.SendsFenced(ctx); err == nil && f {
+			c.fenced.Store(true)
+		}
+	}
+	return c.fenced.Load()
+}
