@@ -137,3 +137,58 @@ func TestPerEventSendsAreFencedOnceIngestStarts(t *testing.T) {
 		t.Fatalf("ingest after the fence: %v", out[0].Decision)
 	}
 }
+
+// An aggregate the ledger lost with its members (a rollback), restored
+// from its witness: the members come back sending under it, the aggregate
+// sending of unknown outcome, and a sender takes it over as the same call
+// (same identifier, same value) — never its members on their own.
+func TestALostAggregateIsRestoredAsTheSameCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sec := t0.Add(-time.Minute)
+	evs := []meterledger.IngestRequest{ingestReq(mev("cus_a", "tokens", 2, sec), "1-0"),
+		ingestReq(mev("cus_a", "tokens", 5, sec.Add(300*time.Millisecond)), "1-1")}
+	b.ingest(t, evs...)
+	a, members, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_a", sec, "dead", time.Second)
+	if err != nil || !ok || len(members) != 2 || a.Value != 7 {
+		t.Fatalf("forming: ok %v, %d members, value %d (%v)", ok, len(members), a.Value, err)
+	}
+	// The rollback loses the aggregate and its members.
+	if _, err := b.pool.Exec(ctx, `DELETE FROM meter_aggregates`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `DELETE FROM meter_events`); err != nil {
+		t.Fatal(err)
+	}
+	var rs []meterledger.Restored
+	for _, m := range members {
+		rs = append(rs, meterledger.Restored{Key: m.Key, EventName: m.EventName, StripeCustomerID: m.StripeCustomerID, Value: m.Value,
+			Status: meterledger.StatusQueued, FirstSentAt: m.CreatedAt, Stream: "usage", Aggregate: a.Identifier})
+	}
+	if _, err := b.l.Restore(ctx, rs, true); err != nil {
+		t.Fatal(err)
+	}
+	if more, err := b.l.Unsent(ctx, "usage", 10); err != nil || len(more) != 0 {
+		t.Fatalf("the restored members are offered on their own: %d (%v)", len(more), err)
+	}
+	if ok, err := b.l.RestoreAggregate(ctx, a); err != nil || !ok {
+		t.Fatalf("restoring the aggregate: %v %v", ok, err)
+	}
+	b.clk.Advance(2 * time.Second)
+	stale, err := b.l.StaleAggregates(ctx, "usage", 10)
+	if err != nil || len(stale) != 1 {
+		t.Fatalf("stale aggregates %d (%v), want the restored one", len(stale), err)
+	}
+	d, got, _, err := b.l.TakeOverAggregate(ctx, stale[0], "live", time.Minute)
+	if err != nil || d != meterledger.TakenOver || got.Identifier != a.Identifier || got.Value != 7 || got.Digest != a.Digest {
+		t.Fatalf("takeover: %v %s value %d (%v), want the same call (%s, 7)", d, got.Identifier, got.Value, err, a.Identifier)
+	}
+	if res, err := b.l.FinishAggregate(ctx, got, meterledger.Delivered, ""); err != nil || res != meterledger.Delivered {
+		t.Fatalf("finish: %v %v", res, err)
+	}
+	ms, err := b.l.Members(ctx, a.Identifier)
+	if err != nil || len(ms) != 2 || ms[0].Status != meterledger.StatusDelivered || ms[1].Status != meterledger.StatusDelivered {
+		t.Fatalf("members after the re-send: %+v (%v)", ms, err)
+	}
+}
