@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -69,14 +70,22 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, error) {
 	var work []*aggWork
 	var wit []meterwitness.Sent
-	for _, r := range cands {
+	var mu sync.Mutex
+	var firstErr error
+	// Each candidate is another customer-meter: formed at once, up to
+	// Workers transactions together.
+	parallel(c.cfg.Workers, len(cands), func(i int) {
+		r := cands[i]
 		a, members, ok, err := c.ledger.FormAggregate(ctx, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, r.EventTS,
 			c.cfg.Name, c.cfg.Lease)
+		mu.Lock()
+		defer mu.Unlock()
 		if err != nil {
-			return 0, err
+			firstErr = cmp.Or(firstErr, err)
+			return
 		}
 		if !ok {
-			continue
+			return
 		}
 		ids := make([]string, len(members))
 		for i, m := range members {
@@ -86,10 +95,12 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		wit = append(wit, meterwitness.Sent{Status: meterwitness.Aggregate, EventTS: a.Second, Identifier: a.Identifier,
 			EventName: a.EventName, StripeCustomerID: a.StripeCustomerID, Value: a.Value, FirstSentAt: a.FirstSentAt,
 			Members: ids, Digest: a.Digest})
-	}
+	})
 	if len(work) == 0 {
-		return 0, nil
+		return 0, firstErr
 	}
+	// Formed aggregates are witnessed and sent even when another
+	// candidate's transaction failed: they hold their slots.
 	// The aggregate's identifier and members reach the witness before its
 	// first call: a rollback that loses them never has its members sent
 	// again on their own. Not witnessed: not sent (a takeover sends it).
@@ -130,19 +141,27 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	}
 	wg.Wait()
 	fctx := context.WithoutCancel(ctx)
-	for _, w := range work {
-		res, err := c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
-		if err != nil {
-			return err
+	results := make([]meterledger.Result, len(work))
+	memberRows := make([][]meterledger.Record, len(work))
+	errs := make([]error, len(work))
+	parallel(c.cfg.Workers, len(work), func(i int) {
+		w := work[i]
+		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
+		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
+			memberRows[i], errs[i] = c.ledger.Members(fctx, w.agg.Identifier)
+		}
+	})
+	var firstErr error
+	for i, w := range work {
+		res := results[i]
+		if errs[i] != nil {
+			firstErr = cmp.Or(firstErr, errs[i])
+			continue // not recorded: stays sending, taken over when its lease lapses
 		}
 		if res == 0 || res == meterledger.Release {
 			continue
 		}
-		members, err := c.ledger.Members(fctx, w.agg.Identifier)
-		if err != nil {
-			return err
-		}
-		for _, m := range members {
+		for _, m := range memberRows[i] {
 			switch res {
 			case meterledger.Delivered:
 				sent = append(sent, sentOfRecord(m, meterledger.StatusDelivered, ""))
@@ -180,7 +199,22 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 		}
 	}
 	var b MeterBatch
-	return c.settle(dctx, nil, dead, nil, &b)
+	return cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
+}
+
+// parallel runs fn(0..n-1), at most width at once.
+func parallel(width, n int, fn func(i int)) {
+	slots := make(chan struct{}, max(width, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			fn(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // sentOfRecord is the meter witness of a member row.
