@@ -62,7 +62,35 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 			}
 		}
 	}
+	// A taken-over aggregate is witnessed again before its call: its first
+	// holder may have died before witnessing it (then it was never sent).
+	var wit []meterwitness.Sent
+	for _, w := range work {
+		members, err := c.ledger.Members(ctx, w.agg.Identifier)
+		if err != nil {
+			return 0, err
+		}
+		wit = append(wit, aggregateWitness(w.agg, members))
+	}
+	if len(wit) > 0 {
+		dctx, cancel := detach(ctx)
+		err := c.recordSent(dctx, wit)
+		cancel()
+		if err != nil {
+			return 0, err // not sent: taken over again once the lease lapses
+		}
+	}
 	return len(work), c.finishAggregates(ctx, work, dead, sent)
+}
+
+// aggregateWitness is the meter witness of aggregate a with its members.
+func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) meterwitness.Sent {
+	ids := make([]string, len(members))
+	for i, m := range members {
+		ids[i] = m.Identifier
+	}
+	return meterwitness.Sent{Status: meterwitness.Aggregate, EventTS: a.Second, Identifier: a.Identifier, EventName: a.EventName,
+		StripeCustomerID: a.StripeCustomerID, Value: a.Value, FirstSentAt: a.FirstSentAt, Members: ids, Digest: a.Digest}
 }
 
 // formAndSend forms the aggregate of each candidate's second (one per
@@ -87,14 +115,8 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		if !ok {
 			return
 		}
-		ids := make([]string, len(members))
-		for i, m := range members {
-			ids[i] = m.Identifier
-		}
 		work = append(work, &aggWork{agg: a, members: members})
-		wit = append(wit, meterwitness.Sent{Status: meterwitness.Aggregate, EventTS: a.Second, Identifier: a.Identifier,
-			EventName: a.EventName, StripeCustomerID: a.StripeCustomerID, Value: a.Value, FirstSentAt: a.FirstSentAt,
-			Members: ids, Digest: a.Digest})
+		wit = append(wit, aggregateWitness(a, members))
 	})
 	if len(work) == 0 {
 		return 0, firstErr
