@@ -60,7 +60,22 @@ type MeterConfig struct {
 	// SafeWindow: an unknown outcome is re-sent only this long after the
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
-	Witness    LedgerWitness // see Config.Witness
+	// SendFromLedger: record each event in the ledger at ingest and ack
+	// it, and send from the ledger (meter_ingest.go); the ledger is fenced
+	// against per-event consumers from the first start. Default: per
+	// event, from the stream's pending entries.
+	SendFromLedger bool
+	// AggregateMeters are the event names of sum meters: with
+	// SendFromLedger, one call carries the sum of a customer's queued
+	// events of one timestamp second. Never a count or last meter: Stripe
+	// would count one event, or keep one value. Not offered by the
+	// command line yet: when Redis loses its writes in the same incident
+	// as a Postgres failover that loses an aggregate Stripe counted, its
+	// members come back and are aggregated again under another identifier
+	// (counted twice; DESIGN.md "Usage at volume"). Set it only where
+	// Redis keeps its writes through a Postgres failover.
+	AggregateMeters []string
+	Witness         LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own
 	// PEL, read again on resume), and so do the events of a batch reserved
@@ -107,6 +122,11 @@ type MeterConsumer struct {
 	// written to the meter witness (the usage repair's source).
 	witnessed bool
 	ledgerID  atomic.Pointer[string]
+	// fenced: the ledger sends from ingest (meter_send_fence), so this
+	// consumer's re-drives (the reaper's) ingest too; checkedFence is when
+	// it was last read while unfenced.
+	fenced       atomic.Bool
+	checkedFence atomic.Int64
 	// missingMeters are the event names sayMeterMissing has told of.
 	missingMeters sync.Map
 	// live counts the entries handled, published with each liveness beat.
@@ -165,6 +185,11 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.beatWhileRunning(ctx)()
+	waitSenders, err := c.startSenders(ctx)
+	if err != nil {
+		return err
+	}
+	defer waitSenders()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -338,6 +363,9 @@ func (c *MeterConsumer) Redrive(ctx context.Context, msgs []redis.XMessage) (Met
 
 // process is ProcessBatch, also returning the entries it left pending.
 func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (MeterBatch, []redis.XMessage, error) {
+	if c.cfg.SendFromLedger || c.ledgerFenced(ctx) {
+		return c.ingest(ctx, msgs)
+	}
 	var b MeterBatch
 	var left []redis.XMessage
 	now := c.cfg.Clock.Now()

@@ -20,7 +20,7 @@ import (
 // MoveSchema moves only the tables of migrations applied in the schema it
 // moves from, so a team's own table that happens to share a name with a
 // later migration's (a refund_ledger of theirs) is never taken.
-var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", "webhook_events", "audit_stage", "audit_pending", "console_actions", "ledger_witness", "ledger_fence", "ledger_rollbacks", "meter_events", "meter_inflight", "usage_runs", "usage_stage", "usage_findings", "usage_corrections", "console_sessions", "console_login_attempts", "console_keys", "meter_usage", "meter_caps", "run_leases", "stream_namespaces", "stream_pauses", "stream_fact_changes", "usage_compared", VersionTable, LockTable}
+var Tables = []string{"billing_records", "spend_caps", "audit_runs", "audit_findings", "import_runs", "imported_periods", "refund_ledger", "external_leases", "webhook_events", "audit_stage", "audit_pending", "console_actions", "ledger_witness", "ledger_fence", "ledger_rollbacks", "meter_events", "meter_inflight", "usage_runs", "usage_stage", "usage_findings", "usage_corrections", "console_sessions", "console_login_attempts", "console_keys", "meter_usage", "meter_caps", "run_leases", "stream_namespaces", "stream_pauses", "stream_fact_changes", "usage_compared", "meter_send_fence", "meter_aggregates", VersionTable, LockTable}
 
 // State is what Check read about a schema. Reading it writes nothing: not
 // even goose's version table, which goose itself creates on every call.
@@ -48,6 +48,7 @@ var tablesOf = map[string]int64{
 	"console_sessions": 16, "console_login_attempts": 16, "console_keys": 16,
 	"meter_usage": 19, "meter_caps": 19, "run_leases": 20,
 	"stream_namespaces": 24, "stream_pauses": 24, "stream_fact_changes": 24,
+	"meter_send_fence": 27, "meter_aggregates": 28,
 	"usage_compared": 30,
 }
 

@@ -228,8 +228,8 @@ func (r *Reaper) witnessAcks(ctx context.Context, ms *meterStream, rows []meterl
 	}
 	var sent []meterwitness.Sent
 	for _, rec := range rows {
-		if rec.Status != meterledger.StatusDelivered && rec.Status != meterledger.StatusParked {
-			continue
+		if rec.Status != meterledger.StatusDelivered && rec.Status != meterledger.StatusParked && rec.Status != meterledger.StatusQueued {
+			continue // a queued row (sent from the ledger) is witnessed too: the repair restores it
 		}
 		sent = append(sent, meterwitness.Sent{Status: string(rec.Status), EventTS: rec.EventTS, Identifier: rec.Identifier,
 			EventName: rec.EventName, StripeCustomerID: rec.StripeCustomerID, CustomerID: rec.CustomerID, Value: rec.Value,

@@ -70,6 +70,12 @@ const (
 	// Nothing written, nothing sent: dead-letter it again. A person checks
 	// at Stripe and settles it, or replays with an override (Request.Override).
 	ReplayRefused
+	// Queued: Ingest recorded a new event (or a replay reopened one): its
+	// entry may be acked; a sender sends it from the ledger.
+	Queued
+	// InLedger: Ingest found the event already recorded, queued or sending:
+	// ack the entry; the senders finish it.
+	InLedger
 	// OverCap: the event would pass the meter's spend cap for its customer
 	// and month (meter_caps): nothing written, nothing sent. Dead-letter it
 	// (reason spend_cap) with an alert; once the cap is raised, a replay
@@ -80,7 +86,7 @@ const (
 var decisionNames = map[Decision]string{Acquired: "acquired", TakenOver: "taken_over", AlreadyDelivered: "already_delivered",
 	AlreadyTerminal: "already_terminal", Busy: "busy", SlotBusy: "slot_busy", Parked: "parked", Held: "held",
 	OutsideWindow: "outside_window", Conflict: "conflict", Reopened: "reopened", OverCap: "over_cap",
-	ReplayRefused: "replay_refused"}
+	ReplayRefused: "replay_refused", Queued: "queued", InLedger: "in_ledger"}
 
 func (d Decision) String() string {
 	if s, ok := decisionNames[d]; ok {
@@ -183,6 +189,13 @@ func decideRow(now time.Time, safe time.Duration, req Request, key Key, row *Rec
 			key.Identifier, row.EventName, row.StripeCustomerID, row.Value, ev.EventName, ev.StripeCustomerID, ev.Value)
 	case row.Status == StatusDelivered:
 		return AlreadyDelivered, ""
+	case row.Status == StatusQueued && row.OutcomeUnknown && now.Sub(row.FirstSentAt) >= safe:
+		// A replay of an event Stripe may have (with its override, or a
+		// row restored by the usage repair): its window has run out.
+		return Parked, fmt.Sprintf("unknown outcome older than Stripe's identifier window: not re-sent (first attempt %s, %s ago)",
+			row.FirstSentAt.Format(time.RFC3339), now.Sub(row.FirstSentAt).Round(time.Minute))
+	case row.Status == StatusQueued:
+		return Acquired, "" // sent from the ledger: Reserve moves it to sending (opDequeue)
 	case row.Status != StatusSending:
 		return AlreadyTerminal, row.LastError
 	case row.LeaseLive(now):
@@ -207,6 +220,7 @@ const (
 	opPark        // the row parked; its stale slot freed
 	opFree        // only the event's stale slot freed
 	opReopen      // a failed or parked row sending again (a replay), with the slot
+	opDequeue     // a queued row sending (its use was counted at ingest), with the slot
 )
 
 // item is one request on its way through Reserve.
@@ -232,6 +246,9 @@ type item struct {
 // not count; parked ones still do, as Stripe may have them).
 func (it *item) counts() bool {
 	d := it.claim.Decision
+	if it.row != nil && it.row.Status == StatusQueued {
+		return false // counted at ingest
+	}
 	return d == Acquired || d == Reopened && it.row != nil && it.row.Status == StatusFailed
 }
 
@@ -277,6 +294,9 @@ func plan(now time.Time, items []*item, token func() int64) {
 			}
 			taken[sk] = true
 			it.op, it.newTok = opInsert, token()
+			if it.row != nil && it.row.Status == StatusQueued {
+				it.op = opDequeue
+			}
 			switch d {
 			case TakenOver:
 				it.op = opTakeOver

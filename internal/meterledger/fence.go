@@ -14,7 +14,8 @@ import (
 // transaction of a pg.DB (its statements name {schema}).
 func MaxLiveEpoch(ctx context.Context, tx pgx.Tx) (int64, error) {
 	var e int64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(epoch), 0) FROM {schema}.meter_events WHERE status = 'sending'`).Scan(&e); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT greatest((SELECT coalesce(max(epoch), 0) FROM {schema}.meter_events WHERE status = 'sending'),
+		(SELECT coalesce(max(epoch), 0) FROM {schema}.meter_aggregates WHERE status = 'sending'))`).Scan(&e); err != nil {
 		return 0, fmt.Errorf("reading the live meter event epochs: %w", err)
 	}
 	return e, nil
@@ -32,6 +33,10 @@ func Fence(ctx context.Context, tx pgx.Tx, floor int64) (int64, error) {
 		WHERE status = 'sending'`, floor)
 	if err != nil {
 		return 0, fmt.Errorf("fencing meter events after a rollback: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_aggregates SET epoch = $1::bigint + 1, lease_owner = NULL, lease_expires_at = NULL
+		WHERE status = 'sending'`, floor); err != nil {
+		return 0, fmt.Errorf("fencing meter aggregates after a rollback: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight`); err != nil {
 		return 0, fmt.Errorf("freeing meter slots after a rollback: %w", err)

@@ -50,6 +50,9 @@ type Status string
 
 // The states of a meter event.
 const (
+	// StatusQueued: recorded at ingest (its use counted, its entry acked),
+	// not sent yet: known not to be at Stripe. A sender moves it to sending.
+	StatusQueued Status = "queued"
 	// StatusSending: reserved; sent or about to be, outcome not recorded.
 	StatusSending Status = "sending"
 	// StatusDelivered: Stripe accepted it (or refused its identifier as a
@@ -103,6 +106,11 @@ type Record struct {
 	// ReplayOverride: the operator's word (who, when, why) that reopened
 	// the event past the safe window of its first attempt.
 	ReplayOverride string
+	// Stream and Fields: the stream the event was ingested from and its
+	// entry's fields (JSON), so a refusal is dead-lettered from the
+	// ledger's copy after the entry was acked. Empty for per-event rows.
+	Stream string
+	Fields string
 }
 
 // MaybeCounted reports whether Stripe may have counted the event though
@@ -188,7 +196,8 @@ func cols(a string) string {
 	coalesce(` + a + `.status, ''), ` + a + `.first_sent_at, coalesce(` + a + `.attempts, 0), coalesce(` + a + `.epoch, 0),
 	coalesce(` + a + `.lease_owner, ''), ` + a + `.lease_expires_at, ` + a + `.delivered_at,
 	coalesce(` + a + `.last_error, ''), coalesce(` + a + `.stream_message_id, ''), ` + a + `.created_at,
-	coalesce(` + a + `.outcome_unknown, false), ` + a + `.settled_at, coalesce(` + a + `.replay_override, '')`
+	coalesce(` + a + `.outcome_unknown, false), ` + a + `.settled_at, coalesce(` + a + `.replay_override, ''),
+	coalesce(` + a + `.stream, ''), coalesce(` + a + `.fields::text, '')`
 }
 
 var recordCols = cols("m")
@@ -199,7 +208,8 @@ func scanRecord(row pgx.Row, extra ...any) (Record, bool, error) {
 	var ts, first, exp, delivered, created, settled *time.Time
 	dest := append([]any{&ts, &r.Identifier, &r.EventName, &r.StripeCustomerID, &r.CustomerID, &r.Value,
 		&status, &first, &r.Attempts, &r.Epoch, &r.LeaseOwner, &exp, &delivered,
-		&r.LastError, &r.StreamMessageID, &created, &r.OutcomeUnknown, &settled, &r.ReplayOverride}, extra...)
+		&r.LastError, &r.StreamMessageID, &created, &r.OutcomeUnknown, &settled, &r.ReplayOverride,
+		&r.Stream, &r.Fields}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Record{}, false, err
 	}

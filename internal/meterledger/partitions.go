@@ -164,7 +164,7 @@ func (l *Ledger) ensure(ctx context.Context, from, to time.Time) ([]string, erro
 // drop is a file unlink, not a DELETE: it costs the same for any number of
 // rows and leaves nothing to vacuum. It also deletes the per-customer
 // monthly counts (meter_usage) older than the current month and the 12
-// before it.
+// before it, and the finished aggregates as old as the dropped partitions.
 func (l *Ledger) Prune(ctx context.Context, now time.Time) ([]string, error) {
 	have, err := l.Partitions(ctx)
 	if err != nil {
@@ -187,6 +187,11 @@ func (l *Ledger) Prune(ctx context.Context, now time.Time) ([]string, error) {
 	}
 	if _, err := l.pruneUsage(ctx, now); err != nil {
 		return dropped, err
+	}
+	// Aggregates whose second is as old as the dropped partitions: their
+	// members are gone with them (an aggregate still sending is kept).
+	if _, err := l.pool.Exec(ctx, `DELETE FROM {schema}.meter_aggregates WHERE second < $1 AND status <> 'sending'`, cutoff); err != nil {
+		return dropped, fmt.Errorf("pruning meter aggregates: %w", err)
 	}
 	return dropped, nil
 }

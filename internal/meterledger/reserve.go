@@ -195,7 +195,7 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 		}
 		ev := it.req.Event
 		c := it.freeTok // park, free: the stale grant to delete
-		if it.op == opInsert || it.op == opTakeOver || it.op == opReopen {
+		if it.op == opInsert || it.op == opTakeOver || it.op == opReopen || it.op == opDequeue {
 			c = it.slot.Token // the grant to replace; 0: none seen, insert one
 		}
 		idx, ops = append(idx, int32(it.i)), append(ops, int32(it.op))
@@ -227,7 +227,7 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 		it := items[i]
 		it.counted = counted
 		switch {
-		case found && it.op == opInsert:
+		case found && (it.op == opInsert || it.op == opDequeue):
 			it.claim = Claim{Decision: Acquired, Record: rec, slotToken: it.newTok}
 		case found && it.op == opTakeOver:
 			it.claim = Claim{Decision: TakenOver, Record: rec, slotToken: it.newTok}
@@ -241,7 +241,7 @@ func (l *Ledger) write(ctx context.Context, items []*item, now time.Time) error 
 			// give the grant back; the reason is read again below.
 			leaked = append(leaked, it)
 			overCap = append(overCap, it)
-		case it.op == opInsert || it.op == opTakeOver || it.op == opReopen:
+		case it.op == opInsert || it.op == opTakeOver || it.op == opReopen || it.op == opDequeue:
 			if got { // the row moved on after the read: give the grant (and the units) back
 				leaked = append(leaked, it)
 				it.claim = Claim{Decision: Busy, Record: it.claim.Record, Reason: "the event's row changed while this batch was decided"}
@@ -337,12 +337,12 @@ WITH a AS (
 	WHERE a.cas <> 0 ORDER BY 1, 2 FOR UPDATE OF s
 ), slot_ins AS (
 	INSERT INTO {schema}.meter_inflight (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
-	SELECT a.sc, a.name, a.id, a.ts, a.owner, a.exp, a.tok FROM a WHERE a.op IN (1, 2, 5) AND a.cas = 0 ORDER BY a.sc, a.name
+	SELECT a.sc, a.name, a.id, a.ts, a.owner, a.exp, a.tok FROM a WHERE a.op IN (1, 2, 5, 6) AND a.cas = 0 ORDER BY a.sc, a.name
 	ON CONFLICT DO NOTHING RETURNING token
 ), slot_cas AS (
 	UPDATE {schema}.meter_inflight s SET identifier = a.id, event_ts = a.ts, owner = a.owner, expires_at = a.exp, token = a.tok
 	FROM a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
-	WHERE a.op IN (1, 2, 5) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
+	WHERE a.op IN (1, 2, 5, 6) AND s.stripe_customer_id = a.sc AND s.event_name = a.name AND s.token = a.cas
 	RETURNING s.token
 ), slot_free AS (
 	DELETE FROM {schema}.meter_inflight s USING a JOIN locked ON locked.sc = a.sc AND locked.name = a.name
@@ -395,11 +395,22 @@ WITH a AS (
 		AND m.status IN ('failed', 'parked')
 		AND (NOT a.cnt OR EXISTS (SELECT 1 FROM counted k WHERE k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month))
 	RETURNING m.*
+), deq AS (
+	-- A queued row (Ingest counted its use) sending: its first attempt
+	-- starts now, unless an earlier one's outcome is unknown.
+	UPDATE {schema}.meter_events m SET status = 'sending', epoch = ` + nextEpoch + `,
+		attempts = CASE WHEN m.outcome_unknown THEN m.attempts + 1 ELSE 1 END,
+		first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $16 END,
+		lease_owner = a.owner, lease_expires_at = a.exp
+	FROM a JOIN got ON got.token = a.tok
+	WHERE a.op = 6 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
+		AND m.status = 'queued'
+	RETURNING m.*
 ), park AS (
 	UPDATE {schema}.meter_events m SET status = 'parked', lease_owner = NULL, lease_expires_at = NULL, last_error = a.reason
 	FROM a
 	WHERE a.op = 3 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
-		AND m.status = 'sending' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
+		AND m.status IN ('sending', 'queued') AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
 	RETURNING m.*
 ), bump AS (
 	-- ledger.BumpWitness's statement: a park is acked, so it is witnessed.
@@ -413,5 +424,6 @@ SELECT ` + cols("w") + `, a.i, got.token IS NOT NULL, (SELECT seq FROM bump), a.
 		WHERE k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month)
 FROM a
 LEFT JOIN got ON got.token = a.tok
-LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM reopen UNION ALL SELECT * FROM park) w
+LEFT JOIN (SELECT * FROM ins UNION ALL SELECT * FROM take UNION ALL SELECT * FROM reopen UNION ALL SELECT * FROM deq
+	UNION ALL SELECT * FROM park) w
 	ON w.event_ts = a.ts AND w.identifier = a.id`

@@ -23,8 +23,18 @@ type Restored struct {
 	StripeCustomerID string
 	CustomerID       string
 	Value            int64
-	// Status is StatusDelivered or StatusParked.
+	// Status is StatusDelivered, StatusParked or StatusQueued (ingested and
+	// acked, maybe sent since: restored sending, of unknown outcome, its
+	// first attempt at FirstSentAt — the ingest — so a sender re-sends it
+	// under its identifier within the safe window and parks it past).
 	Status Status
+	// Stream is the stream the event was ingested from (queued ones: the
+	// senders of that stream finish it).
+	Stream string
+	// Aggregate: a queued event witnessed as a member of this aggregate
+	// (sent, or about to be, before the rollback): restored sending under
+	// it, never on its own (RestoreAggregate restores the aggregate).
+	Aggregate string
 	// FirstSentAt is the first attempt as recorded; zero: now (an event
 	// parked by the repair, never attempted as far as the ledger knows).
 	FirstSentAt time.Time
@@ -82,11 +92,13 @@ func (l *Ledger) Restore(ctx context.Context, evs []Restored, repairRows bool) (
 	ids, names, scs, custs, sts, msgs, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n)
 	vals := make([]int64, n)
+	streams, aggs := make([]string, n), make([]string, n)
 	for i, e := range evs {
+		streams[i], aggs[i] = e.Stream, e.Aggregate
 		if e.Identifier == "" || e.EventName == "" || e.StripeCustomerID == "" || e.EventTS.IsZero() ||
-			(e.Status != StatusDelivered && e.Status != StatusParked) || (e.Status == StatusParked && e.Reason == "") {
+			(e.Status != StatusDelivered && e.Status != StatusParked && e.Status != StatusQueued) || (e.Status == StatusParked && e.Reason == "") {
 			return nil, fmt.Errorf("meter ledger: restoring %s: an identifier, event name, Stripe customer, timestamp and a status "+
-				"delivered or parked (with its reason) are required", e.Key)
+				"delivered, parked (with its reason) or queued are required", e.Key)
 		}
 		ts[i], ids[i], names[i], scs[i], custs[i], vals[i] = e.EventTS.UTC().Truncate(time.Millisecond), e.Identifier, e.EventName,
 			e.StripeCustomerID, e.CustomerID, e.Value
@@ -97,7 +109,7 @@ func (l *Ledger) Restore(ctx context.Context, evs []Restored, repairRows bool) (
 	}
 	var err error
 	for attempt := 0; attempt < 2; attempt++ {
-		if err = l.restore(ctx, out, ts, ids, names, scs, custs, vals, sts, first, msgs, reasons, now, repairRows); !retryable(err) {
+		if err = l.restore(ctx, out, ts, ids, names, scs, custs, vals, sts, first, msgs, reasons, streams, aggs, now, repairRows); !retryable(err) {
 			break
 		}
 	}
@@ -108,8 +120,8 @@ func (l *Ledger) Restore(ctx context.Context, evs []Restored, repairRows bool) (
 }
 
 func (l *Ledger) restore(ctx context.Context, out []RestoreResult, ts []time.Time, ids, names, scs, custs []string, vals []int64,
-	sts []string, first []time.Time, msgs, reasons []string, now time.Time, repairRows bool) error {
-	rows, err := l.pool.Query(ctx, restoreSQL, ts, ids, names, scs, custs, vals, sts, first, msgs, reasons, now, repairRows)
+	sts []string, first []time.Time, msgs, reasons, streams, aggs []string, now time.Time, repairRows bool) error {
+	rows, err := l.pool.Query(ctx, restoreSQL, ts, ids, names, scs, custs, vals, sts, first, msgs, reasons, now, repairRows, streams, aggs)
 	if err != nil {
 		return err
 	}
@@ -152,13 +164,14 @@ var restoreSQL = `
 WITH a AS (
 	SELECT *, ` + monthSQL("a.ts") + ` AS month
 	FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],
-		$8::timestamptz[], $9::text[], $10::text[]) WITH ORDINALITY AS a(ts, id, name, sc, cust, val, st, first, msg, reason, i)
+		$8::timestamptz[], $9::text[], $10::text[], $13::text[], $14::text[]) WITH ORDINALITY AS a(ts, id, name, sc, cust, val, st, first, msg, reason, stream, agg, i)
 ), ins AS (
 	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
-		first_sent_at, attempts, epoch, delivered_at, last_error, stream_message_id, created_at)
-	SELECT DISTINCT ON (a.ts, a.id) a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, a.st, a.first, 1, ` + firstEpoch + `,
+		first_sent_at, attempts, epoch, delivered_at, last_error, stream_message_id, created_at, outcome_unknown, stream, aggregate)
+	SELECT DISTINCT ON (a.ts, a.id) a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val,
+		CASE WHEN a.st = 'queued' THEN 'sending' ELSE a.st END, a.first, 1, ` + firstEpoch + `,
 		CASE WHEN a.st = 'delivered' THEN $11::timestamptz END, CASE WHEN a.st = 'parked' THEN a.reason END,
-		nullif(a.msg, ''), $11
+		nullif(a.msg, ''), $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
 	FROM a ORDER BY a.ts, a.id, a.i
 	ON CONFLICT DO NOTHING
 	RETURNING event_ts, identifier, event_name, stripe_customer_id, value
@@ -171,13 +184,21 @@ WITH a AS (
 	ON CONFLICT (event_name, stripe_customer_id, month) DO UPDATE
 		SET units = u.units + EXCLUDED.units, events = u.events + EXCLUDED.events, updated_at = EXCLUDED.updated_at
 ), fix AS (
-	UPDATE {schema}.meter_events m SET status = a.st, epoch = ` + nextEpoch + `, lease_owner = NULL, lease_expires_at = NULL,
+	-- A queued witness of a row the rollback left queued: it may have
+	-- been sent since (that row lost): of unknown outcome since its ingest
+	-- (re-sent within the safe window, parked past it).
+	UPDATE {schema}.meter_events m SET status = CASE WHEN a.st = 'queued' AND a.agg <> '' THEN 'sending' WHEN a.st = 'queued' THEN 'queued' ELSE a.st END,
+		aggregate = CASE WHEN a.st = 'queued' AND a.agg <> '' THEN a.agg ELSE m.aggregate END,
+		epoch = ` + nextEpoch + `, lease_owner = NULL, lease_expires_at = NULL,
 		delivered_at = CASE WHEN a.st = 'delivered' THEN $11::timestamptz END,
-		last_error = CASE WHEN a.st = 'delivered' THEN NULL ELSE a.reason END
+		last_error = CASE WHEN a.st IN ('delivered', 'queued') THEN NULL ELSE a.reason END,
+		outcome_unknown = m.outcome_unknown OR a.st = 'queued',
+		first_sent_at = CASE WHEN a.st = 'queued' THEN least(m.first_sent_at, a.first) ELSE m.first_sent_at END
 	FROM a
 	WHERE $12 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($1)
 		AND m.event_name = a.name AND m.stripe_customer_id = a.sc AND m.value = a.val
-		AND (m.status = 'sending' OR (a.st = 'delivered' AND m.status = 'parked'))
+		AND (a.st <> 'queued' AND (m.status IN ('sending', 'queued') OR (a.st = 'delivered' AND m.status = 'parked'))
+			OR a.st = 'queued' AND m.status = 'queued' AND (NOT m.outcome_unknown OR a.agg <> ''))
 	RETURNING m.event_ts, m.identifier
 )
 SELECT a.i::int, EXISTS (SELECT 1 FROM ins WHERE ins.event_ts = a.ts AND ins.identifier = a.id)
@@ -198,3 +219,23 @@ func (l *Ledger) LedgerID(ctx context.Context) (string, error) {
 
 // Now is the ledger's clock.
 func (l *Ledger) Now() time.Time { return l.clock.Now() }
+
+// RestoreAggregate writes back an aggregate witnessed before its first
+// call (identifier, value and members as witnessed) when the ledger lost
+// it and some member is still sending under it (Restore attached them):
+// sending, of unknown outcome since firstSentAt, so a sender re-sends it
+// under the same identifier within the safe window and parks it with its
+// members past it. It reports whether the row was inserted.
+func (l *Ledger) RestoreAggregate(ctx context.Context, a Aggregate) (bool, error) {
+	now := l.clock.Now().UTC().Truncate(time.Microsecond)
+	tag, err := l.pool.Exec(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
+			members, digest, status, first_sent_at, outcome_unknown, epoch, created_at)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, true, `+firstEpoch+`, $10
+		WHERE EXISTS (SELECT 1 FROM {schema}.meter_events WHERE aggregate = $1 AND status = 'sending')
+		ON CONFLICT DO NOTHING`, a.Identifier, a.Stream, a.EventName, a.StripeCustomerID, a.Second, a.Value, a.Members, a.Digest,
+		a.FirstSentAt, now)
+	if err != nil {
+		return false, fmt.Errorf("restoring meter aggregate %s: %w", a.Identifier, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -42,6 +42,16 @@ const Retention = 2 * time.Hour
 const (
 	Delivered = "delivered"
 	Parked    = "parked"
+	// Queued: recorded at ingest and acked, maybe not sent yet (a consumer
+	// that sends from the ledger). FirstSentAt is the ingest: no attempt
+	// of the event is older.
+	Queued = "queued"
+	// Aggregate: an aggregate of a sum meter's events of one second,
+	// witnessed before its first call: Identifier and Value are the
+	// aggregate's, Members its members' identifiers, Digest their digest.
+	// The repair never re-sends a member of a witnessed aggregate on its
+	// own: it would count twice.
+	Aggregate = "aggregate"
 )
 
 // prunedMember holds, as its score, the bound below which members were
@@ -60,6 +70,8 @@ type Sent struct {
 	FirstSentAt      time.Time `json:"-"`
 	MessageID        string    `json:"m,omitempty"`
 	Reason           string    `json:"r,omitempty"`
+	Members          []string  `json:"g,omitempty"`
+	Digest           string    `json:"d,omitempty"`
 	// At is when it was witnessed (the member's score); set by Read.
 	At time.Time `json:"-"`
 }
@@ -90,7 +102,7 @@ func parse(member string, score float64) (Sent, error) {
 		s.FirstSentAt = time.UnixMicro(w.First).UTC()
 	}
 	s.At = time.UnixMilli(int64(score)).UTC()
-	if s.Identifier == "" || s.EventName == "" || s.StripeCustomerID == "" || (s.Status != Delivered && s.Status != Parked) {
+	if s.Identifier == "" || s.EventName == "" || s.StripeCustomerID == "" || (s.Status != Delivered && s.Status != Parked && s.Status != Queued && s.Status != Aggregate) {
 		return Sent{}, fmt.Errorf("incomplete member")
 	}
 	return s, nil

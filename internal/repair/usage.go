@@ -153,7 +153,22 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 	// A delivered witness wins over a parked one of the same event.
 	byKey := map[meterledger.Key]int{}
 	var evs []meterledger.Restored
+	// Aggregates witnessed before their first call: their members are
+	// restored under them, never sent on their own (twice counted).
+	memberOf := map[string]meterwitness.Sent{}
+	var aggs []meterwitness.Sent
 	for _, e := range sent {
+		if e.Status == meterwitness.Aggregate {
+			aggs = append(aggs, e)
+			for _, m := range e.Members {
+				memberOf[m] = e
+			}
+		}
+	}
+	for _, e := range sent {
+		if e.Status == meterwitness.Aggregate {
+			continue
+		}
 		k := meterledger.Key{EventTS: e.EventTS.UTC().Truncate(time.Millisecond), Identifier: e.Identifier}
 		if !k.EventTS.After(oldest) {
 			continue // its partition is gone: Stripe no longer takes or changes it
@@ -163,8 +178,20 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 		if r.Status == meterledger.StatusParked && r.Reason == "" {
 			r.Reason = "parked before the ledger's rollback (restored from the meter witness)"
 		}
+		if r.Status == meterledger.StatusQueued {
+			// Ingested and acked: restored sending, of unknown outcome since
+			// its ingest (no attempt is older), for its stream's senders.
+			r.FirstSentAt, r.Stream = e.At, s.Stream
+			if !e.FirstSentAt.IsZero() && e.FirstSentAt.Before(e.At) {
+				r.FirstSentAt = e.FirstSentAt
+			}
+			if g, ok := memberOf[e.Identifier]; ok {
+				r.Aggregate = g.Identifier
+			}
+		}
 		if i, ok := byKey[k]; ok {
-			if r.Status == meterledger.StatusDelivered {
+			// delivered wins over parked, and both over queued.
+			if r.Status == meterledger.StatusDelivered || r.Status == meterledger.StatusParked && evs[i].Status == meterledger.StatusQueued {
 				evs[i] = r
 			}
 			continue
@@ -188,6 +215,17 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 				u.rep.Findings++
 				u.note("%s/%s: meter event %s: %s", s.Stream, s.Group, part[i].Key, r.Detail)
 			}
+		}
+	}
+	for _, g := range aggs {
+		ok, err := u.cfg.Ledger.RestoreAggregate(ctx, meterledger.Aggregate{Identifier: g.Identifier, Stream: s.Stream,
+			EventName: g.EventName, StripeCustomerID: g.StripeCustomerID, Second: g.EventTS, Value: g.Value, Members: len(g.Members),
+			Digest: g.Digest, FirstSentAt: g.FirstSentAt})
+		if err != nil {
+			return err
+		}
+		if ok {
+			u.rep.Restored++
 		}
 	}
 	u.log.Info("meter events restored from the witness", "stream", s.Stream, "group", s.Group, "witnessed", len(evs),

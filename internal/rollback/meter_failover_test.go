@@ -63,6 +63,25 @@ func TestUsageThroughAFailoverAndADayOutage(t *testing.T) {
 type meterDrillOpts struct {
 	redisRollsBack bool
 	dayOutage      bool
+	// fromLedger: the consumers record at ingest and send from the ledger;
+	// aggregate: and aggregate the meter per second (Stripe then records
+	// fewer events than were produced: counted by totals).
+	fromLedger, aggregate bool
+}
+
+// The same with consumers that send from the ledger: the failover also
+// loses ingested-but-unsent rows (their entries acked) and rows sending.
+func TestUsageThroughAFailoverFromTheLedger(t *testing.T) {
+	t.Parallel()
+	meterDrill(t, meterDrillOpts{redisRollsBack: true, fromLedger: true})
+}
+
+// And with per-second aggregates: aggregates in flight are lost too; the
+// repair restores them from the witness (identifier and members, written
+// before their first call) and they are re-sent under their identifiers.
+func TestUsageThroughAFailoverWithAggregates(t *testing.T) {
+	t.Parallel()
+	meterDrill(t, meterDrillOpts{fromLedger: true, aggregate: true})
 }
 
 const (
@@ -208,10 +227,15 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 		wctx, wcancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		var stops []func(context.Context) error
+		var aggMeters []string
+		if o.aggregate {
+			aggMeters = []string{meterDrillMeter}
+		}
 		for i, p := range procs[:2] {
 			c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: p.pool, Schema: schema, Stripe: sc,
 				Stream: stream, Group: group, Name: fmt.Sprintf("m%d-%d", i, gen), Namespace: "drill", Count: 10,
-				Block: 50 * time.Millisecond, Lease: 5 * time.Second, Witness: p.mon, Logger: testenv.Logger(t), Clock: clk})
+				Block: 50 * time.Millisecond, Lease: 5 * time.Second, Witness: p.mon, Logger: testenv.Logger(t), Clock: clk,
+				SendFromLedger: o.fromLedger, AggregateMeters: aggMeters})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -273,7 +297,14 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	}
 	sentAll := func(what string) {
 		t.Helper()
-		testenv.Eventually(t, 60*time.Second, func() bool { return recorded() == int64(len(all)) && drained() },
+		testenv.Eventually(t, 60*time.Second, func() bool {
+			if o.aggregate {
+				var n int
+				_ = procs[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'delivered'`).Scan(&n)
+				return n == len(all) && drained()
+			}
+			return recorded() == int64(len(all)) && drained()
+		},
 			"%s: %d of %d events counted at the emulator", what, recorded(), len(all))
 	}
 
@@ -362,25 +393,52 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	// Send on through it, with no command run by hand.
 	xadd(rdb, newEvents("after", meterAfter))
 	total := len(all)
-	testenv.Eventually(t, 90*time.Second, func() bool {
-		return !procs[0].mon.Suspect() && !procs[1].mon.Suspect() && !procs[2].mon.Suspect() && drained() &&
-			recorded() >= int64(total)
-	}, "usage did not resume with the rollback repaired (%d of %d counted, suspect %v)", recorded(), total, procs[0].mon.Suspect())
-
-	// Every event counted exactly once at the emulator.
-	byIdent := map[string]int{}
-	for _, e := range sim.MeterEvents(meterDrillMeter, "") {
-		byIdent[e.Identifier]++
-	}
 	wantStripe := map[string]int64{}
 	for _, e := range all {
-		if n := byIdent[e.Identifier("drill")]; n != 1 {
-			t.Errorf("%s event %s counted %d times at the emulator", e.phase, e.EventID, n)
-		}
 		wantStripe[e.StripeCustomerID] += e.Value
 	}
-	if got := recorded(); got != int64(total) {
-		t.Fatalf("the emulator recorded %d events for %d", got, total)
+	counted := func() bool {
+		if !o.aggregate {
+			return recorded() >= int64(total)
+		}
+		for cus, v := range wantStripe {
+			if sim.MeterTotal(meterDrillMeter, cus) < v {
+				return false
+			}
+		}
+		return true
+	}
+	testenv.Eventually(t, 90*time.Second, func() bool {
+		return !procs[0].mon.Suspect() && !procs[1].mon.Suspect() && !procs[2].mon.Suspect() && drained() && counted()
+	}, "usage did not resume with the rollback repaired (%d of %d counted, suspect %v)", recorded(), total, procs[0].mon.Suspect())
+	if o.fromLedger {
+		// Drained is the entries; the ledger's queued rows go out after.
+		testenv.Eventually(t, 60*time.Second, func() bool {
+			var n int
+			_ = procs[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.meter_events WHERE status IN ('queued', 'sending')`).Scan(&n)
+			return n == 0 && counted()
+		}, "the ledger's unsent events were not all sent")
+	}
+
+	// Every event counted exactly once at the emulator (aggregated: each
+	// customer's total, in no more calls than events).
+	if o.aggregate {
+		if got := recorded(); got > int64(total) {
+			t.Fatalf("the emulator recorded %d calls for %d events", got, total)
+		}
+	} else {
+		byIdent := map[string]int{}
+		for _, e := range sim.MeterEvents(meterDrillMeter, "") {
+			byIdent[e.Identifier]++
+		}
+		for _, e := range all {
+			if n := byIdent[e.Identifier("drill")]; n != 1 {
+				t.Errorf("%s event %s counted %d times at the emulator", e.phase, e.EventID, n)
+			}
+		}
+		if got := recorded(); got != int64(total) {
+			t.Fatalf("the emulator recorded %d events for %d", got, total)
+		}
 	}
 
 	// The ledger: per customer, delivered (and, after the outage, parked)

@@ -35,14 +35,15 @@ cleanly, 2 bad flags, 3 Redis or Postgres unreachable after --wait-for-deps.`
 // MeterOptions are the flags of `consumer meter-events`.
 type MeterOptions struct {
 	cli.RoleFlags
-	Namespace  string
-	Name       string
-	Count      int64
-	Block      time.Duration
-	Workers    int
-	Pipeline   int
-	Lease      time.Duration
-	SafeWindow time.Duration
+	Namespace      string
+	Name           string
+	Count          int64
+	Block          time.Duration
+	Workers        int
+	Pipeline       int
+	SendFromLedger bool
+	Lease          time.Duration
+	SafeWindow     time.Duration
 
 	streams []cli.StreamGroup
 }
@@ -55,6 +56,8 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
 	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once per batch (one per customer and meter)")
 	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
+	fs.BoolVar(&o.SendFromLedger, "send-from-ledger", false, "record each event in the ledger at ingest and ack it, and send from the ledger: "+
+		"a busy customer's backlog never delays another's; fences the ledger against per-event consumers for good")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
 }
@@ -116,7 +119,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Pipeline: o.Pipeline, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))

@@ -1,0 +1,256 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
+	"github.com/pelguard/pelguard/stripeapi"
+)
+
+// Per-second aggregates of sum meters (MeterConfig.AggregateMeters): one
+// call carries the sum of a customer-meter's queued events of one second,
+// under an identifier saved with its members before the first call
+// (meterledger.FormAggregate) and witnessed before it, so a re-send after a
+// crash, a lost reply or a ledger rollback is the same call.
+
+type aggWork struct {
+	agg     meterledger.Aggregate
+	members []meterledger.Record
+	out     meterledger.Outcome
+	keyErr  error
+	missing bool
+}
+
+// sendAggregates takes over and re-sends stale aggregates of the stream
+// (their holder gone, outcome unknown) within the safe window, and parks
+// them with their members past it.
+func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
+	stale, err := c.ledger.StaleAggregates(ctx, c.cfg.Stream, c.cfg.Workers)
+	if err != nil || len(stale) == 0 {
+		return 0, err
+	}
+	var work []*aggWork
+	var dead []Dead
+	var sent []meterwitness.Sent
+	for _, s := range stale {
+		d, a, reason, err := c.ledger.TakeOverAggregate(ctx, s, c.cfg.Name, c.cfg.Lease)
+		if err != nil {
+			return 0, err
+		}
+		switch d {
+		case meterledger.TakenOver:
+			work = append(work, &aggWork{agg: a})
+		case meterledger.Parked:
+			members, err := c.ledger.Members(ctx, a.Identifier)
+			if err != nil {
+				return 0, err
+			}
+			c.cfg.Notifier.Notify(alerts.MeterEventParked(a.EventName, a.StripeCustomerID, a.Identifier, a.Value, reason))
+			for _, m := range members {
+				sent = append(sent, sentOfRecord(m, meterledger.StatusParked, reason))
+				dead = append(dead, Dead{Msg: msgOf(m), Reason: ReasonMeterParked, Detail: reason})
+				c.cfg.Metrics.event(c.cfg.Stream, OutcomeParked)
+			}
+		}
+	}
+	// A taken-over aggregate is witnessed again before its call: its first
+	// holder may have died before witnessing it (then it was never sent).
+	var wit []meterwitness.Sent
+	for _, w := range work {
+		members, err := c.ledger.Members(ctx, w.agg.Identifier)
+		if err != nil {
+			return 0, err
+		}
+		wit = append(wit, aggregateWitness(w.agg, members))
+	}
+	if len(wit) > 0 {
+		dctx, cancel := detach(ctx)
+		err := c.recordSent(dctx, wit)
+		cancel()
+		if err != nil {
+			return 0, err // not sent: taken over again once the lease lapses
+		}
+	}
+	return len(work), c.finishAggregates(ctx, work, dead, sent)
+}
+
+// aggregateWitness is the meter witness of aggregate a with its members.
+func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) meterwitness.Sent {
+	ids := make([]string, len(members))
+	for i, m := range members {
+		ids[i] = m.Identifier
+	}
+	return meterwitness.Sent{Status: meterwitness.Aggregate, EventTS: a.Second, Identifier: a.Identifier, EventName: a.EventName,
+		StripeCustomerID: a.StripeCustomerID, Value: a.Value, FirstSentAt: a.FirstSentAt, Members: ids, Digest: a.Digest}
+}
+
+// formAndSend forms the aggregate of each candidate's second (one per
+// customer-meter), witnesses it, and sends it.
+func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, error) {
+	var work []*aggWork
+	var wit []meterwitness.Sent
+	var mu sync.Mutex
+	var firstErr error
+	// Each candidate is another customer-meter: formed at once, up to
+	// Workers transactions together.
+	parallel(c.cfg.Workers, len(cands), func(i int) {
+		r := cands[i]
+		a, members, ok, err := c.ledger.FormAggregate(ctx, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, r.EventTS,
+			c.cfg.Name, c.cfg.Lease)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			return
+		}
+		if !ok {
+			return
+		}
+		work = append(work, &aggWork{agg: a, members: members})
+		wit = append(wit, aggregateWitness(a, members))
+	})
+	if len(work) == 0 {
+		return 0, firstErr
+	}
+	// Formed aggregates are witnessed and sent even when another
+	// candidate's transaction failed: they hold their slots.
+	// The aggregate's identifier and members reach the witness before its
+	// first call: a rollback that loses them never has its members sent
+	// again on their own. Not witnessed: not sent (a takeover sends it).
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if err := c.recordSent(dctx, wit); err != nil {
+		return 0, err
+	}
+	return len(work), c.finishAggregates(ctx, work, nil, nil)
+}
+
+// finishAggregates sends work (Workers at once), records each outcome with
+// its members, witnesses them and dead-letters refusals from the ledger's
+// copies of the members' entries.
+func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, dead []Dead, sent []meterwitness.Sent) error {
+	slots := make(chan struct{}, c.cfg.Workers)
+	var wg sync.WaitGroup
+	for _, w := range work {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			a := w.agg
+			start := time.Now()
+			_, err := c.cfg.Stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: a.EventName, StripeCustomerID: a.StripeCustomerID,
+				Value: a.Value, Identifier: a.Identifier, Timestamp: a.Second})
+			c.cfg.Metrics.stripeCall(resultClass(err), time.Since(start).Seconds())
+			w.out = meterOutcome(meterledger.Hold{}, err)
+			if errors.Is(err, stripeapi.ErrAuthentication) || errors.Is(err, stripeapi.ErrPermission) {
+				w.keyErr = err
+			}
+			w.missing = stripeapi.IsMissingMeter(err)
+			if w.out.Result == meterledger.Release && !rateLimited(err) {
+				c.cfg.Logger.Warn("meter aggregate not confirmed; it is sent again under its identifier",
+					"stream", c.cfg.Stream, "identifier", a.Identifier, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	fctx := context.WithoutCancel(ctx)
+	results := make([]meterledger.Result, len(work))
+	memberRows := make([][]meterledger.Record, len(work))
+	errs := make([]error, len(work))
+	parallel(c.cfg.Workers, len(work), func(i int) {
+		w := work[i]
+		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
+		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
+			memberRows[i], errs[i] = c.ledger.Members(fctx, w.agg.Identifier)
+		}
+	})
+	var firstErr error
+	for i, w := range work {
+		res := results[i]
+		if errs[i] != nil {
+			firstErr = cmp.Or(firstErr, errs[i])
+			continue // not recorded: stays sending, taken over when its lease lapses
+		}
+		if res == 0 || res == meterledger.Release {
+			continue
+		}
+		for _, m := range memberRows[i] {
+			switch res {
+			case meterledger.Delivered:
+				sent = append(sent, sentOfRecord(m, meterledger.StatusDelivered, ""))
+				c.cfg.Metrics.event(c.cfg.Stream, OutcomeDelivered)
+			case meterledger.Park:
+				sent = append(sent, sentOfRecord(m, meterledger.StatusParked, m.LastError))
+				dead = append(dead, Dead{Msg: msgOf(m), Reason: ReasonMeterParked, Detail: m.LastError})
+				c.cfg.Metrics.event(c.cfg.Stream, OutcomeParked)
+			case meterledger.Failed:
+				reason := ReasonMeterRefused
+				if w.keyErr != nil {
+					reason = ReasonStripeKey
+				}
+				dead = append(dead, Dead{Msg: msgOf(m), Reason: reason, Detail: w.out.Reason})
+				c.cfg.Metrics.event(c.cfg.Stream, OutcomeFailed)
+			}
+		}
+		switch {
+		case res == meterledger.Park:
+			c.cfg.Notifier.Notify(alerts.MeterEventParked(w.agg.EventName, w.agg.StripeCustomerID, w.agg.Identifier, w.agg.Value, w.out.Reason))
+		case res == meterledger.Failed && w.keyErr != nil:
+			c.cfg.Notifier.Notify(alerts.StripeKeyRejected(w.keyErr))
+		case res == meterledger.Failed && w.missing:
+			c.sayMeterMissing(w.agg.EventName)
+		}
+	}
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if len(sent) > 0 {
+		if err := c.cfg.Witness.Mirror(dctx); err != nil {
+			return err
+		}
+		if err := c.recordSent(dctx, sent); err != nil {
+			return err
+		}
+	}
+	var b MeterBatch
+	return cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
+}
+
+// parallel runs fn(0..n-1), at most width at once.
+func parallel(width, n int, fn func(i int)) {
+	slots := make(chan struct{}, max(width, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}
+
+// sentOfRecord is the meter witness of a member row.
+func sentOfRecord(m meterledger.Record, status meterledger.Status, reason string) meterwitness.Sent {
+	return meterwitness.Sent{Status: string(status), EventTS: m.EventTS, Identifier: m.Identifier, EventName: m.EventName,
+		StripeCustomerID: m.StripeCustomerID, CustomerID: m.CustomerID, Value: m.Value, FirstSentAt: m.FirstSentAt,
+		MessageID: m.StreamMessageID, Reason: reason}
+}
+
+// msgOf is a row's stream entry as the ledger kept it, for a dead letter.
+func msgOf(m meterledger.Record) redis.XMessage {
+	msg := redis.XMessage{ID: m.StreamMessageID, Values: meterledger.FieldsOf(m)}
+	if msg.Values == nil {
+		msg.Values = map[string]any{"identifier": m.Identifier, event.PayloadField: meterledger.EventOf(m).Payload()}
+	}
+	return msg
+}

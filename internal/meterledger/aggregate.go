@@ -1,0 +1,328 @@
+package meterledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Per-second aggregates of sum meters (DESIGN.md "Usage at volume"): one
+// Stripe call carries the sum of a customer-meter's queued events whose
+// timestamps share one second (ts.Unix()). Stripe keeps a meter event's
+// timestamp in whole seconds, so its summaries see what per-event sends
+// would have shown. The aggregate's identifier and members are written in
+// one transaction before its first call and never recomputed: a re-send
+// carries the same identifier and value, so Stripe refuses it as a
+// duplicate if an earlier attempt got through; each event is a member of
+// at most one aggregate; an event queued after its second's aggregate was
+// formed joins a new one (other members, another identifier). Count and
+// last meters are never aggregated: Stripe counts events, or keeps the
+// last one of a second in an order the ledger cannot prove.
+
+// Aggregate is one row of meter_aggregates.
+type Aggregate struct {
+	Identifier       string
+	Stream           string
+	EventName        string
+	StripeCustomerID string
+	Second           time.Time
+	Value            int64
+	Members          int
+	Digest           string
+	Status           Status
+	FirstSentAt      time.Time
+	Attempts         int
+	OutcomeUnknown   bool
+	Epoch            int64
+	LeaseOwner       string
+	LastError        string
+	slotToken        int64
+}
+
+// AggregateIdentifier names the aggregate of members (their identifiers)
+// of one customer-meter's second, and Digest hashes members with their
+// values: both are saved before the first call, never recomputed.
+func AggregateIdentifier(namespace, eventName, stripeCustomerID string, second time.Time, members []string) string {
+	ids := slices.Clone(members)
+	slices.Sort(ids)
+	h := sha256.New()
+	for _, f := range append([]string{"pelguard-meter-aggregate-v1", namespace, eventName, stripeCustomerID,
+		strconv.FormatInt(second.Unix(), 10)}, ids...) {
+		h.Write([]byte(strconv.Itoa(len(f)) + ":" + f))
+	}
+	return "pga_" + hex.EncodeToString(h.Sum(nil))[:48]
+}
+
+func digest(members []Record) string {
+	s := slices.Clone(members)
+	slices.SortFunc(s, func(a, b Record) int { return compareStr(a.Identifier, b.Identifier) })
+	h := sha256.New()
+	for _, m := range s {
+		h.Write([]byte(m.Identifier + "=" + strconv.FormatInt(m.Value, 10) + ";"))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+func compareStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Hold is what the holder of a sending aggregate presents to FinishAggregate.
+func (a Aggregate) hold() (string, int64, int64) { return a.Identifier, a.Epoch, a.slotToken }
+
+// takeSlot takes the customer-meter's slot for identifier in tx when it
+// is free or expired, returning its new grant (0: busy).
+func takeSlot(ctx context.Context, tx pgx.Tx, sc, name, identifier string, second time.Time, owner string, exp, now time.Time) (int64, error) {
+	tok := newToken()
+	var got int64
+	err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_inflight AS s (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (stripe_customer_id, event_name) DO UPDATE SET identifier = EXCLUDED.identifier, event_ts = EXCLUDED.event_ts,
+			owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
+			WHERE s.expires_at <= $8
+		RETURNING token`, sc, name, identifier, second, owner, exp, tok, now).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return got, err
+}
+
+// FormAggregate makes, in one transaction, the aggregate of stream's
+// queued events of (stripeCustomerID, eventName) in the second of second,
+// with the customer-meter's slot: its members move to sending under it.
+// ok is false when the slot is taken or nothing is queued for that second.
+func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, second time.Time,
+	owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
+	now := l.clock.Now().UTC().Truncate(time.Microsecond)
+	second = time.Unix(second.Unix(), 0).UTC()
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return a, nil, false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	tok, err := takeSlot(ctx, tx, stripeCustomerID, eventName, "pga_forming", second, owner, now.Add(lease), now)
+	if err != nil || tok == 0 {
+		return a, nil, false, err
+	}
+	rows, err := tx.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued' AND m.aggregate IS NULL
+			AND m.event_ts >= $4 AND m.event_ts < $5 AND NOT m.outcome_unknown
+		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Second))
+	if err != nil {
+		return a, nil, false, err
+	}
+	members, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
+		rec, _, err := scanRecord(r)
+		return rec, err
+	})
+	if err != nil || len(members) == 0 {
+		return a, nil, false, err
+	}
+	ids := make([]string, len(members))
+	var sum int64
+	for i, m := range members {
+		ids[i], sum = m.Identifier, sum+m.Value
+	}
+	a = Aggregate{Identifier: AggregateIdentifier(namespace, eventName, stripeCustomerID, second, ids), Stream: stream,
+		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, Value: sum, Members: len(members),
+		Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1, LeaseOwner: owner, slotToken: tok}
+	if err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
+			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $9) RETURNING epoch`,
+		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, now, owner, now.Add(lease)).Scan(&a.Epoch); err != nil {
+		return a, nil, false, fmt.Errorf("recording meter aggregate: %w", err)
+	}
+	ts, mids := make([]time.Time, len(members)), make([]string, len(members))
+	for i, m := range members {
+		ts[i], mids[i] = m.EventTS, m.Identifier
+	}
+	// Members are sending with no lease of their own: the aggregate's
+	// lease and epoch fence them (FinishAggregate writes them with it).
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1, first_sent_at = $2
+		FROM unnest($3::timestamptz[], $4::text[]) AS u(ts, id)
+		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($3)`, a.Identifier, now, ts, mids); err != nil {
+		return a, nil, false, fmt.Errorf("recording meter aggregate members: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_inflight SET identifier = $1 WHERE token = $2`, a.Identifier, tok); err != nil {
+		return a, nil, false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return a, nil, false, err
+	}
+	return a, members, true, nil
+}
+
+var aggCols = `a.identifier, a.stream, a.event_name, a.stripe_customer_id, a.second, a.value, a.members, a.digest, a.status,
+	a.first_sent_at, a.attempts, a.outcome_unknown, a.epoch, coalesce(a.lease_owner, ''), coalesce(a.last_error, '')`
+
+func scanAggregate(r pgx.Row) (Aggregate, error) {
+	var a Aggregate
+	var st string
+	err := r.Scan(&a.Identifier, &a.Stream, &a.EventName, &a.StripeCustomerID, &a.Second, &a.Value, &a.Members, &a.Digest, &st,
+		&a.FirstSentAt, &a.Attempts, &a.OutcomeUnknown, &a.Epoch, &a.LeaseOwner, &a.LastError)
+	a.Status, a.Second, a.FirstSentAt = Status(st), a.Second.UTC(), a.FirstSentAt.UTC()
+	return a, err
+}
+
+// StaleAggregates lists up to limit of stream's aggregates left sending by
+// a holder that is gone (no lease, or an expired one) whose customer-meter
+// slot is free: unknown outcomes to take over (TakeOverAggregate).
+func (l *Ledger) StaleAggregates(ctx context.Context, stream string, limit int) ([]Aggregate, error) {
+	now := l.clock.Now().UTC()
+	rows, err := l.pool.Query(ctx, `SELECT `+aggCols+` FROM {schema}.meter_aggregates a
+		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = a.stripe_customer_id AND s.event_name = a.event_name
+		WHERE a.status = 'sending' AND a.stream = $1 AND (a.lease_expires_at IS NULL OR a.lease_expires_at <= $2)
+			AND (s.token IS NULL OR s.expires_at <= $2)
+		ORDER BY a.first_sent_at LIMIT $3`, stream, now, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing stale meter aggregates: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Aggregate, error) { return scanAggregate(r) })
+}
+
+// Members reads an aggregate's member rows.
+func (l *Ledger) Members(ctx context.Context, identifier string) ([]Record, error) {
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m WHERE m.aggregate = $1
+		ORDER BY m.event_ts, m.identifier`, identifier)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
+		rec, _, err := scanRecord(r)
+		return rec, err
+	})
+}
+
+// TakeOverAggregate takes over a stale aggregate: within the safe window of
+// its first attempt it is the caller's (a new epoch, the lease and the
+// slot: TakenOver), to be re-sent with the same identifier and value; past
+// it, it is parked with its members (Parked), never re-sent. Busy: someone
+// else took it, or the slot is held.
+func (l *Ledger) TakeOverAggregate(ctx context.Context, stale Aggregate, owner string, lease time.Duration) (Decision, Aggregate, string, error) {
+	now := l.clock.Now().UTC().Truncate(time.Microsecond)
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return 0, stale, "", err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if now.Sub(stale.FirstSentAt) >= l.safe || !stripeTakes(stale.Second, now) {
+		reason := fmt.Sprintf("aggregate %s of %d events (sum %d) of unknown outcome older than Stripe's identifier window: not re-sent "+
+			"(first attempt %s, %s ago)", stale.Identifier, stale.Members, stale.Value, stale.FirstSentAt.Format(time.RFC3339),
+			now.Sub(stale.FirstSentAt).Round(time.Minute))
+		tag, err := tx.Exec(ctx, `UPDATE {schema}.meter_aggregates SET status = 'parked', lease_owner = NULL, lease_expires_at = NULL,
+			last_error = $3, outcome_unknown = true WHERE identifier = $1 AND epoch = $2 AND status = 'sending'`, stale.Identifier, stale.Epoch, reason)
+		if err != nil || tag.RowsAffected() == 0 {
+			return Busy, stale, "", err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events SET status = 'parked', outcome_unknown = true, last_error = $2
+			WHERE aggregate = $1 AND status = 'sending'`, stale.Identifier, reason); err != nil {
+			return 0, stale, "", err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE identifier = $1 AND expires_at <= $2`, stale.Identifier, now); err != nil {
+			return 0, stale, "", err
+		}
+		stale.Status, stale.LastError = StatusParked, reason
+		return Parked, stale, reason, tx.Commit(ctx)
+	}
+	tok, err := takeSlot(ctx, tx, stale.StripeCustomerID, stale.EventName, stale.Identifier, stale.Second, owner, now.Add(lease), now)
+	if err != nil || tok == 0 {
+		return Busy, stale, "", err
+	}
+	a, err := scanAggregate(tx.QueryRow(ctx, `UPDATE {schema}.meter_aggregates a SET epoch = `+strings.ReplaceAll(nextEpoch, "m.epoch", "a.epoch")+`, attempts = a.attempts + 1,
+			outcome_unknown = true, lease_owner = $3, lease_expires_at = $4
+		WHERE a.identifier = $1 AND a.epoch = $2 AND a.status = 'sending' AND (a.lease_expires_at IS NULL OR a.lease_expires_at <= $5)
+		RETURNING `+aggCols, stale.Identifier, stale.Epoch, owner, now.Add(lease), now))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Busy, stale, "", nil
+	}
+	if err != nil {
+		return 0, stale, "", err
+	}
+	a.slotToken = tok
+	return TakenOver, a, "", tx.Commit(ctx)
+}
+
+func stripeTakes(ts, now time.Time) bool { return now.Sub(ts) < 35*24*time.Hour }
+
+// FinishAggregate records the outcome of an aggregate's call with its
+// members, fenced by the holder's epoch, and frees the slot: Delivered
+// (members delivered), Failed (members failed and their use taken back;
+// parked instead after an attempt of unknown outcome), Park, or Release
+// (stays sending, of unknown outcome, for a takeover). It returns what
+// was recorded (0: the hold was lost).
+func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, reason string) (Result, error) {
+	now := l.clock.Now().UTC().Truncate(time.Microsecond)
+	id, epoch, tok := a.hold()
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE stripe_customer_id = $1 AND event_name = $2 AND token = $3`,
+		a.StripeCustomerID, a.EventName, tok); err != nil {
+		return 0, err
+	}
+	st := resultStatus[res]
+	var unknown bool
+	err = tx.QueryRow(ctx, `SELECT outcome_unknown FROM {schema}.meter_aggregates WHERE identifier = $1 AND epoch = $2 AND status = 'sending' FOR UPDATE`,
+		id, epoch).Scan(&unknown)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, tx.Commit(ctx)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if res == Failed && unknown {
+		res, st, reason = Park, string(StatusParked), ParkedAfterUnknown+": "+reason
+	}
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_aggregates SET status = $3, lease_owner = NULL, lease_expires_at = NULL,
+			delivered_at = CASE WHEN $3 = 'delivered' THEN $4::timestamptz END, last_error = nullif($5, ''),
+			outcome_unknown = outcome_unknown OR $3 = 'sending'
+		WHERE identifier = $1 AND epoch = $2`, id, epoch, st, now, reason); err != nil {
+		return 0, err
+	}
+	if res != Release {
+		rows, err := tx.Query(ctx, `UPDATE {schema}.meter_events SET status = $2,
+				delivered_at = CASE WHEN $2 = 'delivered' THEN $3::timestamptz END,
+				last_error = CASE WHEN $2 = 'delivered' THEN NULL ELSE $4 END, outcome_unknown = outcome_unknown OR $5
+			WHERE aggregate = $1 AND status = 'sending'
+			RETURNING event_name, stripe_customer_id, event_ts, value`, id, st, now, reason, unknown)
+		if err != nil {
+			return 0, err
+		}
+		rows.Close()
+		if res == Failed {
+			if _, err := tx.Exec(ctx, uncountSQL(`(SELECT event_name, stripe_customer_id, event_ts, value FROM {schema}.meter_events
+				WHERE aggregate = $2 AND status = 'failed') f`, "$1"), now, id); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if res != Release && l.witness != nil {
+		var seq int64
+		if err := tx.QueryRow(ctx, `INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, 1, $2)
+			ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $2 RETURNING seq`, l.writer(), now).Scan(&seq); err != nil {
+			return 0, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return 0, err
+		}
+		l.witness.Committed(seq)
+		return res, nil
+	}
+	return res, tx.Commit(ctx)
+}

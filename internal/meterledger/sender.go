@@ -1,0 +1,116 @@
+package meterledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pelguard/pelguard/event"
+)
+
+// Unsent lists up to limit events of stream to send next, at most one per
+// (customer, meter) and only where that meter's slot is free or expired:
+// per customer-meter, an event left sending by a holder that is gone (its
+// lease expired: an unknown outcome to take over) before its oldest queued
+// one; across customer-meters, the oldest first. So every customer with
+// something to send gets a call each round, however much one of them has
+// queued. The rows are candidates: Reserve decides (and may refuse) each.
+func (l *Ledger) Unsent(ctx context.Context, stream string, limit int) ([]Record, error) {
+	now := l.clock.Now().UTC()
+	rows, err := l.pool.Query(ctx, `WITH c AS (
+			SELECT DISTINCT ON (m.stripe_customer_id, m.event_name) m.*
+			FROM (
+				SELECT * FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1 AND aggregate IS NULL
+					AND (lease_expires_at IS NULL OR lease_expires_at <= $2)
+				UNION ALL
+				SELECT * FROM {schema}.meter_events WHERE status = 'queued' AND stream = $1
+			) m
+			ORDER BY m.stripe_customer_id, m.event_name, m.status = 'queued', m.event_ts, m.identifier
+		)
+		SELECT `+recordCols+` FROM c m
+		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = m.stripe_customer_id AND s.event_name = m.event_name
+		WHERE s.token IS NULL OR s.expires_at <= $2
+		ORDER BY m.event_ts LIMIT $3`, stream, now, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing unsent meter events: %w", err)
+	}
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		r, _, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scanning meter event: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Backlog counts stream's events not yet sent (queued) and those sending.
+func (l *Ledger) Backlog(ctx context.Context, stream string) (queued, sending int64, err error) {
+	err = l.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'sending')
+		FROM {schema}.meter_events WHERE status IN ('queued', 'sending') AND stream = $1`, stream).Scan(&queued, &sending)
+	if err != nil {
+		return 0, 0, fmt.Errorf("counting unsent meter events: %w", err)
+	}
+	return queued, sending, nil
+}
+
+// EventOf is the event a row records, for a send from the ledger.
+func EventOf(r Record) event.MeterEvent {
+	return event.MeterEvent{EventName: r.EventName, CustomerID: r.CustomerID, StripeCustomerID: r.StripeCustomerID,
+		Value: r.Value, Timestamp: r.EventTS}
+}
+
+// FieldsOf is the row's copy of its stream entry's fields (nil: none).
+func FieldsOf(r Record) map[string]any {
+	if len(r.Fields) == 0 {
+		return nil
+	}
+	var f map[string]any
+	if json.Unmarshal([]byte(r.Fields), &f) != nil {
+		return nil
+	}
+	return f
+}
+
+// ErrPerEventFenced: the ledger sends meter events from ingest
+// (meter_send_fence); a per-event consumer may not send on it.
+var ErrPerEventFenced = errors.New("meter events on this ledger are sent from the ledger after ingest: a per-event consumer may not send; " +
+	"run every meter consumer with --send-from-ledger")
+
+// FenceSends records, once, that this ledger's meter events are sent from
+// ingest: from then on a per-event consumer's new rows are refused (the
+// trigger of meter_send_fence), old binaries included; rows already sending
+// finish under their identifiers. by names who fenced it.
+func (l *Ledger) FenceSends(ctx context.Context, by string) error {
+	if _, err := l.pool.Exec(ctx, `INSERT INTO {schema}.meter_send_fence (since, by_name) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		l.clock.Now().UTC(), by); err != nil {
+		return fmt.Errorf("fencing per-event meter sends: %w", err)
+	}
+	return nil
+}
+
+// SendsFenced reports whether FenceSends was called on this ledger, and when.
+func (l *Ledger) SendsFenced(ctx context.Context) (bool, time.Time, error) {
+	var since time.Time
+	err := l.pool.QueryRow(ctx, `SELECT since FROM {schema}.meter_send_fence`).Scan(&since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, time.Time{}, nil
+	}
+	if err != nil {
+		return false, time.Time{}, fmt.Errorf("reading the meter send fence: %w", err)
+	}
+	return true, since.UTC(), nil
+}
+
+// IsPerEventFenced reports the trigger's refusal of a per-event row.
+func IsPerEventFenced(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "P0001" && pe.Hint == "meter_send_fence"
+}
