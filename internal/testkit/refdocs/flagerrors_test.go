@@ -1,7 +1,6 @@
 package refdocs
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"regexp"
@@ -11,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
 // flagCase is one command of an installed binary and one of its flags.
@@ -69,7 +69,9 @@ func (fc flagCase) run(t *testing.T, limit time.Duration, args ...string) (int, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	var out bytes.Buffer
+	// go-redis dials and logs on goroutines of its own: one buffer for
+	// both streams must take concurrent writes.
+	var out testenv.SyncBuffer
 	code := fc.cmd.Run(ctx, append(append([]string{}, fc.verb...), args...), &out, &out)
 	return code, out.String()
 }
