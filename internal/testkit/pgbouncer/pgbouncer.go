@@ -56,6 +56,14 @@ type Bouncer struct {
 	mu   sync.Mutex
 	conf string // pgbouncer.ini's path
 	tmpl string // its text, with %s for the [databases] section
+	// The kit restarts a PgBouncer that exits by itself, as the
+	// supervisor the docs ask for would: 1.18 exits on a cancel request
+	// whose client is gone ("bad client state"), a bug of its own.
+	bin      string
+	args     []string
+	stopping bool
+	restarts int
+	done     chan struct{} // closed when the supervisor stops
 }
 
 // Start runs PgBouncer in transaction mode in front of testenv's
@@ -141,25 +149,33 @@ stats_users = %s
 			}
 			args = []string{"-u", nobody.Username, ini}
 		}
-		b := &Bouncer{Port: p, out: &syncBuffer{}, base: base, conf: ini, tmpl: tmpl}
-		b.cmd = exec.Command(bin, args...)
-		b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
-		b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := b.cmd.Start(); err != nil {
+		b := &Bouncer{Port: p, out: &syncBuffer{}, base: base, conf: ini, tmpl: tmpl, bin: bin, args: args,
+			done: make(chan struct{})}
+		exited, err := b.start()
+		if err != nil {
 			t.Fatalf("starting pgbouncer: %v", err)
 		}
-		exited := make(chan struct{})
-		go func() { _ = b.cmd.Wait(); close(exited) }()
 		if b.ready(exited) {
+			go b.supervise(exited)
 			t.Cleanup(func() {
-				_ = b.cmd.Process.Signal(syscall.SIGINT) // immediate shutdown
+				b.mu.Lock()
+				b.stopping = true
+				proc := b.cmd.Process
+				b.mu.Unlock()
+				_ = proc.Signal(syscall.SIGINT) // immediate shutdown
 				select {
-				case <-exited:
+				case <-b.done:
 				case <-time.After(10 * time.Second):
-					_ = b.cmd.Process.Kill()
-					<-exited
+					_ = proc.Kill()
+					<-b.done
 				}
-				if t.Failed() {
+				b.mu.Lock()
+				restarts := b.restarts
+				b.mu.Unlock()
+				if restarts > 0 {
+					t.Logf("pgbouncer exited by itself and was restarted %d times", restarts)
+				}
+				if t.Failed() || restarts > 0 {
 					t.Logf("pgbouncer's log:\n%s", b.out.String())
 				}
 			})
@@ -169,6 +185,44 @@ stats_users = %s
 		<-exited
 		if attempt == 4 { // the port was taken between freePort and the bind, five times
 			t.Fatalf("pgbouncer did not start:\n%s", b.out.String())
+		}
+	}
+}
+
+// start starts the pooler (b.mu held or not yet shared); the channel is
+// closed when it exits.
+func (b *Bouncer) start() (<-chan struct{}, error) {
+	cmd := exec.Command(b.bin, b.args...)
+	cmd.Stdout, cmd.Stderr = b.out, b.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	b.cmd = cmd
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	return exited, nil
+}
+
+// supervise restarts the pooler, on the same port and configuration,
+// whenever it exits while the test still runs (at most 5 times).
+func (b *Bouncer) supervise(exited <-chan struct{}) {
+	defer close(b.done)
+	for {
+		<-exited
+		b.mu.Lock()
+		if b.stopping || b.restarts == 5 {
+			b.mu.Unlock()
+			return
+		}
+		b.restarts++
+		fmt.Fprintf(b.out, "--- pgbouncer exited by itself; the test kit restarts it ---\n")
+		var err error
+		exited, err = b.start()
+		b.mu.Unlock()
+		if err != nil {
+			fmt.Fprintf(b.out, "--- restarting pgbouncer: %v ---\n", err)
+			return
 		}
 	}
 }
@@ -230,7 +284,10 @@ func (b *Bouncer) Repoint(t testing.TB, addr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	b.mu.Lock()
+	proc := b.cmd.Process
+	b.mu.Unlock()
+	if err := proc.Signal(syscall.SIGHUP); err != nil {
 		t.Fatalf("pgbouncer: reload: %v", err)
 	}
 	want, _ := strconv.Atoi(port)
@@ -330,4 +387,18 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return strings.Clone(s.b.String())
+}
+
+// Kill ends the pooler with SIGKILL, as a crash would; the kit restarts it.
+func (b *Bouncer) Kill() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cmd.Process.Kill()
+}
+
+// Restarts is how many times the kit restarted a pooler that exited.
+func (b *Bouncer) Restarts() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.restarts
 }
