@@ -125,11 +125,14 @@ func (w *Watcher) Paused(stream, group string) bool {
 	return ok
 }
 
-// Func is Paused for one stream.
+// Func is Paused for one stream, whose pelguard_stream_paused series is
+// exported from now on (0 while it is not paused), so a rule or dashboard
+// sees every stream a role bills, not only the paused ones.
 func (w *Watcher) Func(stream, group string) func() bool {
 	if w == nil {
 		return nil
 	}
+	w.gauge.WithLabelValues(stream, group)
 	return func() bool { return w.Paused(stream, group) }
 }
 

@@ -218,6 +218,9 @@ func (o *RunOptions) run(ctx context.Context, stdout, stderr io.Writer) int {
 	cfg.Metrics, cfg.ConsumerMetrics = reaper.NewMetrics(reg), consumer.NewMetrics(reg)
 	pauses := rp.Pauses
 	cfg.Paused = pauses.Paused
+	for _, sg := range append(append([]reaper.StreamGroup{}, cfg.Streams...), cfg.MeterStreams...) {
+		pauses.Func(sg.Stream, sg.Group) // exports the stream's pelguard_stream_paused, 0 until paused
+	}
 	var printer *decisionPrinter
 	if o.DryRun {
 		printer = newDecisionPrinter(stdout, o.JSON)

@@ -184,6 +184,9 @@ func TestDashboardMetricsExist(t *testing.T) {
 			continue
 		}
 		owners := []string{"consumer", "reaper", "auditor"}
+		if strings.HasPrefix(m, "pelguard_stream_") { // the pause watcher's: the roles that bill
+			owners = []string{"consumer", "reaper"}
+		}
 		for _, b := range owners {
 			if strings.HasPrefix(m, "pelguard_"+b+"_") {
 				owners = []string{b}
@@ -201,8 +204,10 @@ func TestDashboardMetricsExist(t *testing.T) {
 	// consumer's code and exports its series as well).
 	// pelguard_redis_primary_changes_total is the shared Redis opener's, in
 	// every role that reaches Redis, as alerts and ledger are.
-	allowed := map[string][]string{"consumer": {"consumer", "alerts", "ledger", "redis", "build"},
-		"reaper":  {"reaper", "consumer", "alerts", "ledger", "redis", "build"},
+	// pelguard_stream_paused is the pause watcher's, in every role that
+	// bills from a stream.
+	allowed := map[string][]string{"consumer": {"consumer", "alerts", "ledger", "redis", "build", "stream"},
+		"reaper":  {"reaper", "consumer", "alerts", "ledger", "redis", "build", "stream"},
 		"auditor": {"auditor", "alerts", "ledger", "redis", "build"}, "webhook": {"webhook", "alerts", "ledger", "redis", "build"}}
 	// Every binary says which build it is, in its role.
 	buildInfo := regexp.MustCompile(`(?m)^pelguard_build_info\{goversion="go[^"]+",revision="[^"]+",role="([a-z]+)",version="[^"]+"\} 1$`)

@@ -143,6 +143,10 @@ type proc struct {
 	cmd  *exec.Cmd
 	out  *syncBuffer
 	done chan error
+	// exited is closed once the process has exited (after Wait, before
+	// done is sent): stop reads it, never cmd.ProcessState, which Wait
+	// writes on its own goroutine.
+	exited chan struct{}
 }
 
 func startBin(t *testing.T, bin string, env []string, args ...string) *proc {
@@ -154,8 +158,12 @@ func startBin(t *testing.T, bin string, env []string, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, name: bin, cmd: cmd, out: out, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait() }()
+	p := &proc{t: t, name: bin, cmd: cmd, out: out, done: make(chan error, 1), exited: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		close(p.exited)
+		p.done <- err
+	}()
 	t.Cleanup(func() { p.stop() })
 	return p
 }
@@ -163,13 +171,15 @@ func startBin(t *testing.T, bin string, env []string, args ...string) *proc {
 // stop sends SIGTERM, waits, and scans the output for secrets. Idempotent.
 func (p *proc) stop() string {
 	p.t.Helper()
-	if p.cmd.ProcessState == nil {
+	select {
+	case <-p.exited:
+	default:
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-p.done:
+		case <-p.exited:
 		case <-time.After(30 * time.Second):
 			_ = p.cmd.Process.Kill()
-			<-p.done
+			<-p.exited
 			p.t.Errorf("%s did not stop after SIGTERM\n%s", p.name, p.out.String())
 		}
 		assertNoSecret(p.t, p.name, p.out.String())

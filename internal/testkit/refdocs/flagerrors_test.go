@@ -58,6 +58,13 @@ func noDeps(t *testing.T) {
 	}
 	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0")
 	t.Setenv("DATABASE_URL", "postgres://u:p@127.0.0.1:1/db?sslmode=disable")
+	// Listeners on ports of their own: the defaults (the reaper's 9465, the
+	// console's, the webhook's) are the ones other packages' tests, run at
+	// the same time, expect free.
+	for _, k := range []string{"PELGUARD_METRICS_ADDR", "PELGUARD_REAPER_METRICS_ADDR", "PELGUARD_AUDITOR_METRICS_ADDR",
+		"PELGUARD_CONSOLE_LISTEN", "PELGUARD_WEBHOOK_LISTEN"} {
+		t.Setenv(k, "127.0.0.1:0")
+	}
 	t.Setenv("PELGUARD_WAIT_FOR_DEPS", "0s")
 	t.Setenv("STRIPE_API_KEY", "sk_test_flagerrors")
 	t.Setenv("STRIPE_API_BASE", "http://127.0.0.1:1")
