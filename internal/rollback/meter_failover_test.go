@@ -523,7 +523,14 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	} else if parked != 0 {
 		t.Fatalf("%d events parked; want none (within Stripe's window every event is restored or re-sent)", parked)
 	}
-	if got := kinds(notes.Alerts()); got[alerts.KindLedgerRollback] != 1 || got[alerts.KindLedgerRepaired] != 1 {
-		t.Fatalf("alerts %v: want the rollback announced once and its repair once", got)
+	// More evidence after the repair (another process's memory) re-opens
+	// the rollback and the repair runs again; that close is announced only
+	// if its pass changed something: at most one alert per close.
+	var closes int
+	if err := procs[0].pool.QueryRow(ctx, `SELECT coalesce(sum(repairs), 0)::int FROM `+schema+`.ledger_rollbacks`).Scan(&closes); err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(notes.Alerts()); got[alerts.KindLedgerRollback] != 1 || got[alerts.KindLedgerRepaired] < 1 || got[alerts.KindLedgerRepaired] > closes {
+		t.Fatalf("alerts %v after %d repairs: want the rollback announced once and its repair at least once, at most once per repair", got, closes)
 	}
 }
