@@ -55,7 +55,9 @@ func TestBrowserWalkConsumersAndUsage(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- mc.Run(mctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	testenv.Eventually(t, 10*time.Second, func() bool {
+	// A meter consumer on a fresh schema first makes meter_events' 40-odd
+	// daily partitions, each with its indexes: seconds on a loaded machine.
+	testenv.Eventually(t, 90*time.Second, func() bool {
 		st, err := consumer.ReadStats(ctx, w.rdb, meters, "meters", []string{"meter-walk"})
 		return err == nil && st["meter-walk"].Events == n
 	}, "the meter consumer handles %d events", n)

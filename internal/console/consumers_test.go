@@ -109,7 +109,9 @@ func TestConsumersPanelStatesAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = bc.Stop(context.Background()) })
-	testenv.Eventually(t, 10*time.Second, func() bool {
+	// A meter consumer on a fresh schema first makes meter_events' 40-odd
+	// daily partitions, each with its indexes: seconds on a loaded machine.
+	testenv.Eventually(t, 90*time.Second, func() bool {
 		st, err := consumer.ReadStats(ctx, b.rdb, meters, "meters", []string{"meter-running"})
 		return err == nil && st["meter-running"].Events == n
 	}, "the meter consumer publishes %d events handled", n)
