@@ -373,20 +373,14 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 	var reqs []meterledger.Request
 	var items []*pendingMsg
 	for _, m := range msgs {
-		ev, err := event.ParseMeterFields(m.Values, c.cfg.Rules, now)
+		r, bad, err := c.requestOf(m, now)
 		if err != nil {
-			var re *event.RejectError
-			if !errors.As(err, &re) {
-				return b, msgs, err
-			}
-			dead = append(dead, Dead{Msg: m, Reason: re.Reason, Detail: re.Error()})
+			return b, msgs, err
+		}
+		if bad != nil {
+			dead = append(dead, *bad)
 			c.count(&b, m.ID, OutcomeDeadLetter)
 			continue
-		}
-		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
-			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect(), Replay: IsReplay(m.Values)}
-		if r.Replay {
-			r.Override, _ = m.Values[ReplayOverrideField].(string)
 		}
 		reqs = append(reqs, r)
 		items = append(items, &pendingMsg{msg: m, req: r})
@@ -690,4 +684,23 @@ func (c *MeterConsumer) sayMeterMissing(eventName string) bool {
 
 func (c *MeterConsumer) alertParked(r meterledger.Request, reason string) {
 	c.cfg.Notifier.Notify(alerts.MeterEventParked(r.Event.EventName, r.Event.StripeCustomerID, r.Identifier, r.Event.Value, reason))
+}
+
+// requestOf reads entry m as a meter event request; an invalid event comes
+// back as its dead letter, an error only when the entry cannot be judged.
+func (c *MeterConsumer) requestOf(m redis.XMessage, now time.Time) (meterledger.Request, *Dead, error) {
+	ev, err := event.ParseMeterFields(m.Values, c.cfg.Rules, now)
+	if err != nil {
+		var re *event.RejectError
+		if !errors.As(err, &re) {
+			return meterledger.Request{}, nil, err
+		}
+		return meterledger.Request{}, &Dead{Msg: m, Reason: re.Reason, Detail: re.Error()}, nil
+	}
+	r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
+		Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect(), Replay: IsReplay(m.Values)}
+	if r.Replay {
+		r.Override, _ = m.Values[ReplayOverrideField].(string)
+	}
+	return r, nil, nil
 }

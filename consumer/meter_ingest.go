@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -34,20 +33,14 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 	var reqs []meterledger.IngestRequest
 	var kept []redis.XMessage
 	for _, m := range msgs {
-		ev, err := event.ParseMeterFields(m.Values, c.cfg.Rules, now)
+		r, bad, err := c.requestOf(m, now)
 		if err != nil {
-			var re *event.RejectError
-			if !errors.As(err, &re) {
-				return b, msgs, err
-			}
-			dead = append(dead, Dead{Msg: m, Reason: re.Reason, Detail: re.Error()})
+			return b, msgs, err
+		}
+		if bad != nil {
+			dead = append(dead, *bad)
 			c.count(&b, m.ID, OutcomeDeadLetter)
 			continue
-		}
-		r := meterledger.Request{Event: ev, Identifier: ev.Identifier(c.cfg.Namespace), Owner: c.cfg.Name,
-			Lease: c.cfg.Lease, MessageID: m.ID, Suspect: c.cfg.Witness.Suspect(), Replay: IsReplay(m.Values)}
-		if r.Replay {
-			r.Override, _ = m.Values[ReplayOverrideField].(string)
 		}
 		reqs = append(reqs, meterledger.IngestRequest{Request: r, Stream: c.cfg.Stream, Fields: m.Values})
 		kept = append(kept, m)
