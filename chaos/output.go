@@ -15,7 +15,7 @@ import (
 // skipped scenario with its reason, and, when a cell failed, why and that
 // the verdicts do not hold: a pasted table must not pass for a clean run.
 func (r Report) WriteTable(w io.Writer) error {
-	if len(r.Results) > 0 || len(r.Usage) == 0 {
+	if len(r.Results) > 0 || (len(r.Usage) == 0 && len(r.Busy) == 0) {
 		if err := r.writeChargeTable(w); err != nil {
 			return err
 		}
@@ -27,6 +27,16 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 		}
 		if err := r.writeUsageTable(w); err != nil {
+			return err
+		}
+	}
+	if len(r.Busy) > 0 {
+		if len(r.Results) > 0 || len(r.Usage) > 0 {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+		}
+		if err := r.writeBusyTable(w); err != nil {
 			return err
 		}
 	}
@@ -46,6 +56,13 @@ func (r Report) WriteTable(w io.Writer) error {
 		}
 	}
 	for _, x := range r.Usage {
+		if x.Failed() {
+			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
+				return err
+			}
+		}
+	}
+	for _, x := range r.Busy {
 		if x.Failed() {
 			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
 				return err
