@@ -95,8 +95,13 @@ type BusyResult struct {
 	// ProductionSeconds is how long events were produced; Produced how
 	// many (the busy customer's BusyProduced of them).
 	ProductionSeconds float64 `json:"production_seconds"`
-	Produced          int     `json:"produced"`
-	BusyProduced      int     `json:"busy_produced"`
+	// BusyRate and QuietRate are the busy and each quiet customer's events
+	// per second; LatencyMS how long Stripe took to answer a call.
+	BusyRate     int   `json:"busy_rate"`
+	QuietRate    int   `json:"quiet_rate"`
+	LatencyMS    int64 `json:"stripe_latency_ms"`
+	Produced     int   `json:"produced"`
+	BusyProduced int   `json:"busy_produced"`
 	// Counted is what Stripe counts when the drill stopped waiting (all
 	// counted, or the bound passed); OverCounted what it counts beyond the
 	// events, per customer, once the senders stopped.
@@ -110,9 +115,11 @@ type BusyResult struct {
 	// QuietShortAtEnd counts the quiet customers Stripe counted fewer
 	// events than they had sent when production ended, of QuietCustomers;
 	// QuietShortAtStop when the drill stopped waiting.
-	QuietCustomers   int `json:"quiet_customers"`
-	QuietShortAtEnd  int `json:"quiet_short_at_end"`
-	QuietShortAtStop int `json:"quiet_short_at_stop"`
+	// QuietMissingAtEnd is how many of their events were not counted then.
+	QuietCustomers    int `json:"quiet_customers"`
+	QuietShortAtEnd   int `json:"quiet_short_at_end"`
+	QuietMissingAtEnd int `json:"quiet_missing_at_end"`
+	QuietShortAtStop  int `json:"quiet_short_at_stop"`
 	// CaughtUpSeconds is how long after production every event was counted;
 	// -1: not within BoundSeconds.
 	CaughtUpSeconds float64 `json:"caught_up_seconds"`
@@ -129,6 +136,17 @@ type BusyResult struct {
 	Error string `json:"error,omitempty"`
 
 	Elapsed time.Duration `json:"-"`
+	// Series is what was sent and counted, about every second from the
+	// start of production (the HTML report's chart).
+	Series []BusyPoint `json:"-"`
+}
+
+// BusyPoint is a moment of usage-busy-customer: events sent and counted
+// at Stripe so far, in all and for the busy customer.
+type BusyPoint struct {
+	Seconds                float64
+	Produced, BusyProduced int
+	Counted, BusyCounted   int64
 }
 
 // Failed reports whether the side did not finish its run.
@@ -194,6 +212,7 @@ func (d *drill) runBusyCells(ctx context.Context, scenario string, n, total int)
 	}()
 	for i, mode := range busyModes {
 		s := &busySide{res: BusyResult{Scenario: scenario, Mode: mode, QuietCustomers: b.Quiet, CaughtUpSeconds: -1,
+			BusyRate: b.Rate, QuietRate: b.QuietRate, LatencyMS: b.Latency.Milliseconds(),
 			BoundSeconds: b.Bound.Seconds(), AfterSeconds: b.After.Seconds()}}
 		sides[i] = s
 		c, cleanup, err := d.newBusyCell(ctx, scenario, mode)
@@ -342,6 +361,7 @@ func (d *drill) runBusy(ctx context.Context, sides []*busySide) produced {
 	}
 	start := time.Now()
 	seq := 0
+	nextPoint := time.Second
 	for tick := time.NewTicker(50 * time.Millisecond); ; {
 		el := min(time.Since(start), b.For)
 		busyWant := int(int64(b.Rate) * int64(el) / int64(time.Second))
@@ -366,6 +386,13 @@ func (d *drill) runBusy(ctx context.Context, sides []*busySide) produced {
 			tick.Stop()
 			return p
 		}
+		if el >= nextPoint {
+			nextPoint += time.Second
+			for _, s := range live {
+				s.measure(p)
+				s.point(el, p)
+			}
+		}
 		if el >= b.For {
 			tick.Stop()
 			break
@@ -386,11 +413,20 @@ func (d *drill) runBusy(ctx context.Context, sides []*busySide) produced {
 		s.res.Produced, s.res.BusyProduced = p.total, p.by[busyCustomer]
 		s.measure(p)
 		s.res.BusyAtEnd = s.totals[busyCustomer]
-		s.res.QuietShortAtEnd = s.quietShort(p)
+		s.res.QuietShortAtEnd, s.res.QuietMissingAtEnd = s.quietShort(p), s.quietMissing(p)
 	}
 	afterRead := false
+	prod := ended.Sub(start)
+	nextPoint = prod.Truncate(time.Second) + time.Second
 	for {
 		since := time.Since(ended)
+		if at := prod + since; at >= nextPoint {
+			nextPoint += time.Second
+			for _, s := range live {
+				s.measure(p)
+				s.point(at, p)
+			}
+		}
 		all := true
 		for _, s := range live {
 			if s.done {
@@ -433,6 +469,13 @@ func (d *drill) runBusy(ctx context.Context, sides []*busySide) produced {
 		s.res.Backlog, s.err = s.c.backlog(ctx)
 	}
 	return p
+}
+
+// point adds what the side's emulator counts at el since production began
+// to its series (the HTML report's chart).
+func (s *busySide) point(el time.Duration, p produced) {
+	s.res.Series = append(s.res.Series, BusyPoint{Seconds: el.Seconds(), Produced: p.total, Counted: s.counted(),
+		BusyProduced: p.by[busyCustomer], BusyCounted: s.totals[busyCustomer]})
 }
 
 // busyEvent is one usage event of customer, one unit of the scenario's meter.
@@ -482,6 +525,17 @@ func (s *busySide) quietShort(p produced) int {
 	for cus, want := range p.by {
 		if cus != busyCustomer && s.totals[cus] < int64(want) {
 			n++
+		}
+	}
+	return n
+}
+
+// quietMissing counts the quiet customers' events not counted yet.
+func (s *busySide) quietMissing(p produced) int {
+	n := 0
+	for cus, want := range p.by {
+		if cus != busyCustomer {
+			n += max(0, want-int(s.totals[cus]))
 		}
 	}
 	return n
