@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,7 +55,7 @@ type BusyConfig struct {
 	// again this long after. Default 10 s.
 	After time.Duration
 	// Bound is how long after production the drill waits for every event
-	// to be counted. Default 30 s.
+	// to be counted. Default 40 s.
 	Bound time.Duration
 }
 
@@ -65,7 +66,7 @@ func (b *BusyConfig) setDefaults() {
 	b.QuietRate = cmp.Or(b.QuietRate, 1)
 	b.Latency = cmp.Or(b.Latency, 100*time.Millisecond)
 	b.After = cmp.Or(b.After, 10*time.Second)
-	b.Bound = max(cmp.Or(b.Bound, 30*time.Second), b.After)
+	b.Bound = max(cmp.Or(b.Bound, 40*time.Second), b.After)
 }
 
 func (b BusyConfig) validate() error {
@@ -127,8 +128,10 @@ type BusyResult struct {
 	// StripeCalls counts the meter-event calls Stripe answered; Refused
 	// those it refused (a call for the same customer and meter in flight,
 	// a repeated identifier, a rate limit).
+	// BusyCalls counts the calls Stripe recorded for the busy customer.
 	StripeCalls int64 `json:"stripe_calls"`
 	Refused     int64 `json:"refused_calls"`
+	BusyCalls   int   `json:"busy_calls"`
 	// Backlog counts the stream entries not yet acknowledged (pending or
 	// never read) when the drill stopped waiting.
 	Backlog int64 `json:"backlog_at_stop"`
@@ -190,8 +193,12 @@ var busyModes = []string{ModeNaiveIdentifier, ModePelguard}
 
 // busySide is one side's cell and what the drill measured of it.
 type busySide struct {
-	c      *cell
-	r      *rig
+	c *cell
+	r *rig
+	// cancel ends the side's work in flight when the drill stops waiting:
+	// the naive monitor's consumer-B would otherwise work through a
+	// reclaimed batch of a hundred calls first. Its counts are read before.
+	cancel context.CancelFunc
 	res    BusyResult
 	err    error
 	done   bool
@@ -224,19 +231,37 @@ func (d *drill) runBusyCells(ctx context.Context, scenario string, n, total int)
 		}
 		s.c = c
 		d.progress.start(c, n+i+1, total)
-		if s.r, err = c.startBusySenders(ctx); err != nil {
+		sctx, cancel := context.WithCancel(ctx)
+		s.cancel = cancel
+		if s.r, err = c.startBusySenders(sctx); err != nil {
 			s.err = err
 		}
 	}
 	p := d.runBusy(ctx, sides)
+	// Stop both sides at once; the naive one without finishing its calls
+	// (pelguard has nothing left in flight once everything is counted).
+	var wg sync.WaitGroup
+	for _, s := range sides {
+		if s.r == nil {
+			continue
+		}
+		if s.res.Mode != ModePelguard || !s.done {
+			s.cancel()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.r.stop(); err != nil && s.err == nil && s.res.Mode == ModePelguard && s.done {
+				s.err = err
+			}
+		}()
+	}
+	wg.Wait()
 	var out []BusyResult
 	var errs []error
 	for _, s := range sides {
-		if s.r != nil {
-			if err := s.r.stop(); err != nil && s.err == nil {
-				s.err = err
-			}
-			s.r = nil
+		if s.cancel != nil {
+			s.cancel()
 		}
 		if s.c != nil && s.err == nil {
 			s.countBusy(p)
@@ -558,6 +583,7 @@ func (s *busySide) countBusy(p produced) {
 	n := c.sim.MeterEventCounts()
 	s.res.StripeCalls = c.meterCalls()
 	s.res.Refused = n.Duplicates + n.Concurrent + n.RateLimited + n.Invalid + n.Rejected
+	s.res.BusyCalls = len(c.sim.MeterEvents(meterEventName(c.scenario), busyCustomer))
 	s.res.OverCounted = 0
 	for cus, want := range p.by {
 		s.res.OverCounted += max(0, c.sim.MeterTotal(meterEventName(c.scenario), cus)-int64(want))

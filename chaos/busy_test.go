@@ -10,9 +10,9 @@ import (
 )
 
 // TestBusyCustomerDrill runs usage-busy-customer small: one customer at
-// 150 events/s for 5 s beside 10 quiet ones at 1/s, Stripe answering in
-// 100 ms, 12 s allowed after sending ends. Three naive senders making one
-// 100 ms call at a time cannot send 800 events in 17 s even without a
+// 200 events/s for 5 s beside 10 quiet ones at 1/s, Stripe answering in
+// 100 ms, 20 s allowed after sending ends. Three naive senders making one
+// 100 ms call at a time cannot send 1,050 events in 25 s even without a
 // refusal, so the naive side cannot catch up; pelguard must have every
 // event counted exactly once (per customer) within the bound, in far fewer
 // calls than events, with nothing left on its stream.
@@ -20,8 +20,8 @@ func TestBusyCustomerDrill(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, 1)
 	cfg.Scenarios = []string{ScenarioUsageBusyCustomer}
-	cfg.Busy = BusyConfig{Rate: 150, For: 5 * time.Second, Quiet: 10, QuietRate: 1, Latency: 100 * time.Millisecond,
-		After: 5 * time.Second, Bound: 12 * time.Second}
+	cfg.Busy = BusyConfig{Rate: 200, For: 5 * time.Second, Quiet: 10, QuietRate: 1, Latency: 100 * time.Millisecond,
+		After: 5 * time.Second, Bound: 20 * time.Second}
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -38,10 +38,9 @@ func TestBusyCustomerDrill(t *testing.T) {
 			t.Fatalf("%s/%s: %s", x.Scenario, x.Mode, x.Error)
 		}
 		sides[x.Mode] = x
-		// 150/s for 5 s (the last tick may land a few ms late, never early),
-		// 10 quiet customers at 1/s.
-		if x.BusyProduced != 750 || x.Produced != 800 || x.QuietCustomers != 10 {
-			t.Errorf("%s: produced %d (busy %d) for %d quiet customers, want 800 (750) and 10", x.Mode, x.Produced, x.BusyProduced, x.QuietCustomers)
+		// 200/s for 5 s, 10 quiet customers at 1/s.
+		if x.BusyProduced != 1000 || x.Produced != 1050 || x.QuietCustomers != 10 {
+			t.Errorf("%s: produced %d (busy %d) for %d quiet customers, want 1050 (1000) and 10", x.Mode, x.Produced, x.BusyProduced, x.QuietCustomers)
 		}
 		if x.OverCounted != 0 {
 			t.Errorf("%s: Stripe counts %d events twice", x.Mode, x.OverCounted)
@@ -61,8 +60,8 @@ func TestBusyCustomerDrill(t *testing.T) {
 	}
 	// One call per customer and second (a few more: a second split across
 	// rounds, a re-send under the same identifier), never one per event.
-	if p.StripeCalls == 0 || 2*p.StripeCalls > int64(p.Produced) {
-		t.Errorf("pelguard made %d Stripe calls for %d events", p.StripeCalls, p.Produced)
+	if p.StripeCalls == 0 || 2*p.StripeCalls > int64(p.Produced) || p.BusyCalls == 0 || 10*p.BusyCalls > p.BusyProduced {
+		t.Errorf("pelguard made %d Stripe calls for %d events, %d for the busy customer's %d", p.StripeCalls, p.Produced, p.BusyCalls, p.BusyProduced)
 	}
 	if f := rep.Failures(); len(f) > 0 {
 		t.Errorf("failures: %v", f)
@@ -77,7 +76,7 @@ func sampleBusyReport() Report {
 			QuietShortAtEnd: 50, QuietMissingAtEnd: 120, QuietShortAtStop: 50, CaughtUpSeconds: -1, BoundSeconds: 30, StripeCalls: 1679, Refused: 1032, Backlog: 4353, Series: series},
 		{Scenario: ScenarioUsageBusyCustomer, Mode: ModePelguard, ProductionSeconds: 20, BusyRate: 200, QuietRate: 1, LatencyMS: 100,
 			Produced: 5000, BusyProduced: 4000, Counted: 5000, BusyAtEnd: 3800, BusyAfter: 4000, AfterSeconds: 10, QuietCustomers: 50,
-			QuietShortAtEnd: 3, CaughtUpSeconds: 4.5, BoundSeconds: 30, StripeCalls: 1019, Series: series},
+			QuietShortAtEnd: 3, CaughtUpSeconds: 4.5, BoundSeconds: 30, StripeCalls: 1019, BusyCalls: 19, Series: series},
 	}}
 }
 
@@ -90,7 +89,7 @@ func TestBusyOutput(t *testing.T) {
 	}
 	txt := table.String()
 	for _, s := range []string{"volume scenario", "counted when sending ended", "not within 30s", "after 4.5s", "1679 (1032)",
-		"1.0s of its usage behind", "50 of the 50 quiet customers were short (120 of their events not counted yet, 2.4s of their usage)", "50 of 50 (120)", "an invoice closed then under-bills", "each exactly once"} {
+		"1.0s of its usage behind", "50 of the 50 quiet customers were short (120 of their events not counted yet, 2.4s of their usage)", "50 of 50 (120)", "an invoice closed then under-bills", "each exactly once", "the busy customer's 4000 events in 19", "Stripe refused 1032 of the 1679 calls"} {
 		if !strings.Contains(txt, s) {
 			t.Errorf("table lacks %q:\n%s", s, txt)
 		}
@@ -108,7 +107,7 @@ func TestBusyOutput(t *testing.T) {
 	}
 	want := []string{"backlog_at_stop", "bound_seconds", "busy_counted_after", "busy_counted_at_end", "busy_produced", "busy_rate",
 		"caught_up_seconds", "counted", "after_seconds", "mode", "overcounted", "produced", "production_seconds", "quiet_customers",
-		"quiet_missing_at_end", "quiet_rate", "quiet_short_at_end", "quiet_short_at_stop", "refused_calls", "scenario", "stripe_calls", "stripe_latency_ms"}
+		"quiet_missing_at_end", "quiet_rate", "busy_calls", "quiet_short_at_end", "quiet_short_at_stop", "refused_calls", "scenario", "stripe_calls", "stripe_latency_ms"}
 	slices.Sort(want)
 	if len(out["busy_customer"]) != 2 {
 		t.Fatalf("JSON %s", buf.String())

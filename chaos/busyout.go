@@ -69,12 +69,16 @@ func busySummary(x BusyResult) string {
 	}
 	b.WriteString("). ")
 	if x.CaughtUp() {
-		fmt.Fprintf(&b, "Every event was counted %.1fs later, each exactly once, in %d calls: an invoice closed then bills every customer in full.",
-			x.CaughtUpSeconds, x.StripeCalls)
+		fmt.Fprintf(&b, "Every event was counted %.1fs later, each exactly once, in %d calls (the busy customer's %d events in %d): "+
+			"an invoice closed then bills every customer in full.", x.CaughtUpSeconds, x.StripeCalls, x.BusyProduced, x.BusyCalls)
 	} else {
 		fmt.Fprintf(&b, "%gs later Stripe counted %d of %d events, %d of the quiet customers were still short and %d stream entries unacknowledged: "+
 			"an invoice closed then under-bills, and the backlog grows for as long as the busy customer keeps sending.",
 			x.BoundSeconds, x.Counted, x.Produced, x.QuietShortAtStop, x.Backlog)
+	}
+	if x.Refused > 0 {
+		fmt.Fprintf(&b, " Stripe refused %d of the %d calls (mostly a call for a customer while another for the same customer was in flight: "+
+			"one at a time per customer and meter).", x.Refused, x.StripeCalls)
 	}
 	if x.OverCounted > 0 {
 		fmt.Fprintf(&b, " Stripe counted %d event(s) twice.", x.OverCounted)
