@@ -89,7 +89,7 @@ func busySummary(x BusyResult) string {
 // busyChart is usage-busy-customer's chart: events sent, and counted at
 // Stripe on each side, over time.
 type busyChart struct {
-	Width, Height, Left, Top, Base int
+	Width, Height, Left, Right, Top, Base int
 	Lines                          []busyLine
 	Ticks                          []tick
 	XTicks                         []busyXTick
@@ -126,7 +126,7 @@ func (r Report) busyChartOf() *busyChart {
 			maxV = max(maxV, p.Produced)
 		}
 	}
-	ch := &busyChart{Width: left + plotW + 190, Height: top + plotH + 40, Left: left, Top: top, Base: top + plotH}
+	ch := &busyChart{Width: left + plotW + 190, Height: top + plotH + 40, Left: left, Right: left + plotW, Top: top, Base: top + plotH}
 	xOf := func(s float64) int { return left + int(s*plotW/maxT) }
 	yOf := func(v int64) int { return ch.Base - int(v*plotH/int64(maxV)) }
 	pts := func(f func(BusyPoint) (float64, int64), series []BusyPoint) string {
@@ -171,7 +171,7 @@ moments, each on its own stream and Stripe; what Stripe counts is read at the em
 and the drill waits up to {{with index .Report.Busy 0}}{{.BoundSeconds}}{{end}} s after sending ends for everything to be counted.</p>
 <ul>{{range .Report.Busy}}<li><b>{{.Mode}}</b>: {{sender .Mode}}.</li>{{end}}</ul>
 {{with .BusyChart}}<svg xmlns="http://www.w3.org/2000/svg" width="{{.Width}}" height="{{.Height}}" role="img" aria-label="events sent and counted at Stripe over time">
-{{range .Ticks}}<line class="axis" x1="{{$.BusyChart.Left}}" x2="{{$.BusyChart.EndX}}" y1="{{.Y}}" y2="{{.Y}}" stroke-dasharray="2,3"/><text class="lbl" x="{{$.BusyChart.Left}}" y="{{.Y}}" dx="-5" text-anchor="end" dy="4">{{.Label}}</text>
+{{range .Ticks}}<line class="axis" x1="{{$.BusyChart.Left}}" x2="{{$.BusyChart.Right}}" y1="{{.Y}}" y2="{{.Y}}" stroke-dasharray="2,3"/><text class="lbl" x="{{$.BusyChart.Left}}" y="{{.Y}}" dx="-5" text-anchor="end" dy="4">{{.Label}}</text>
 {{end}}{{range .XTicks}}<text class="lbl" x="{{.X}}" y="{{$.BusyChart.Base}}" dy="16" text-anchor="middle">{{.Label}}</text>
 {{end}}<line class="axis" x1="{{.EndX}}" x2="{{.EndX}}" y1="{{.Top}}" y2="{{.Base}}"/><text class="lbl" x="{{.EndX}}" y="{{.Top}}" dy="-6" text-anchor="middle">sending ends</text>
 {{range .Lines}}<polyline class="{{.Class}}" fill="none" stroke-width="2" points="{{.Points}}"/>
