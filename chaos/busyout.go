@@ -90,9 +90,9 @@ func busySummary(x BusyResult) string {
 // Stripe on each side, over time.
 type busyChart struct {
 	Width, Height, Left, Right, Top, Base int
-	Lines                          []busyLine
-	Ticks                          []tick
-	XTicks                         []busyXTick
+	Lines                                 []busyLine
+	Ticks                                 []tick
+	XTicks                                []busyXTick
 	// EndX is where production ended.
 	EndX int
 }
