@@ -158,6 +158,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"], data["Losses"] = s.streamStats(ctx), s.streamLosses(ctx)
+	for _, st := range s.cfg.Streams {
+		data["MeterStreams"] = data["MeterStreams"] == true || st.Meter
+	}
 	// Through Redis Sentinel, the primary the console's connections reach:
 	// after a failover, the promoted one.
 	data["RedisPrimary"], _ = redisurl.Primary(s.cfg.Redis)
