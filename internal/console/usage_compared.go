@@ -47,15 +47,15 @@ func usageRuns(ctx context.Context, db pg.DB, n int) ([]usageRun, error) {
 type comparedRow struct {
 	EventName string
 	// Run is the last run that compared it; nil: never compared.
-	Run          *int64
-	At           *time.Time
-	From, To     *time.Time
-	Windows      int64
-	HeldWindows  int64
-	HeldFrom     *time.Time
-	Events       int64 // the ledger's events of it (the last 36 days)
-	NotCompared  int64 // delivered, and not in the last comparison
-	NotUnits     int64
+	Run         *int64
+	At          *time.Time
+	From, To    *time.Time
+	Windows     int64
+	HeldWindows int64
+	HeldFrom    *time.Time
+	Events      int64 // the ledger's events of it (the last 36 days)
+	NotCompared int64 // delivered, and not in the last comparison
+	NotUnits    int64
 	// Queued: recorded, not sent yet (Stripe does not have them: never a
 	// difference), QueuedOldest when the oldest was recorded; Sending: in
 	// flight or of unknown outcome (compared as an interval); Stopped:
