@@ -39,10 +39,10 @@ type UsageConfig struct {
 	// after it was never sent before the loss. Such entries are sent as
 	// usual and counted apart (UsageReport.New). Zero: every entry not
 	// acked may have been sent before the loss.
-	Until time.Time
-	By     string                // who repairs, for the notes
-	Logger *slog.Logger          // optional
-	Rules  event.MeterRules      // how the streams' entries are read (the consumers' rules)
+	Until  time.Time
+	By     string           // who repairs, for the notes
+	Logger *slog.Logger     // optional
+	Rules  event.MeterRules // how the streams' entries are read (the consumers' rules)
 }
 
 // UsageReport is what a usage repair did.
