@@ -105,16 +105,20 @@ func meterEventsQuery(f meterEventFilter, n int) (string, []any) {
 		args = append(args, *f.BeforeTS, f.BeforeID)
 		where = append(where, fmt.Sprintf("(m.event_ts, m.identifier) < ($%d, $%d)", len(args)-1, len(args)))
 	}
+	// The page is read first (by the index that fits, in its order), then
+	// its rows' aggregates: a join before the LIMIT would sort every row.
 	q := `SELECT m.event_ts, m.identifier, m.event_name, m.stripe_customer_id, coalesce(m.customer_id, ''), m.value, m.status, m.attempts,
 		m.first_sent_at, m.delivered_at, coalesce(m.last_error, ''), coalesce(m.stream_message_id, ''), m.outcome_unknown,
 		coalesce(m.lease_owner, ''), m.lease_expires_at, m.created_at,
 		coalesce(m.aggregate, ''), coalesce(a.status, ''), coalesce(a.value, 0), coalesce(a.members, 0)
-	FROM {schema}.meter_events m LEFT JOIN {schema}.meter_aggregates a ON a.identifier = m.aggregate`
+	FROM (SELECT * FROM {schema}.meter_events m`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	args = append(args, n)
-	q += fmt.Sprintf(" ORDER BY m.event_ts DESC, m.identifier DESC LIMIT $%d", len(args))
+	q += fmt.Sprintf(` ORDER BY m.event_ts DESC, m.identifier DESC LIMIT $%d) m
+	LEFT JOIN {schema}.meter_aggregates a ON a.identifier = m.aggregate
+	ORDER BY m.event_ts DESC, m.identifier DESC`, len(args))
 	return q, args
 }
 
