@@ -138,4 +138,12 @@ func TestPagesShowTheLedgerBacklogAndAggregates(t *testing.T) {
 	if !strings.Contains(page, "3 queued") {
 		t.Error("the overview's streams panel lacks the meter stream's ledger backlog")
 	}
+	// A meter stream's replay says what a meter consumer does with it.
+	for _, q := range []string{"id=1-0", "reason=meter_event_refused"} {
+		page = c.mustGet("/dead/confirm?stream=" + usage + "&" + q)
+		if strings.Contains(page, "final row for its customer and period") || !strings.Contains(page, "queued") ||
+			!strings.Contains(page, "sent under its identifier") || !strings.Contains(page, "meter_replay_refused") {
+			t.Errorf("the replay confirmation of a meter stream (%s) does not say what a meter consumer does", q)
+		}
+	}
 }
