@@ -55,7 +55,7 @@ func LedgerRepair(pool *pgxpool.Pool, schema string, sc *stripeapi.Client, rdb r
 		if err != nil {
 			return out, err
 		}
-		u, err := repair.Usage(ctx, repair.UsageConfig{Ledger: ml, Redis: rdb, Since: since, By: by, Logger: logger})
+		u, err := repair.Usage(ctx, repair.UsageConfig{Ledger: ml, Redis: rdb, Since: since, Until: rollback.FoundAt(ctx), By: by, Logger: logger})
 		return AddUsage(out, u, err)
 	}
 }

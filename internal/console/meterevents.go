@@ -40,6 +40,14 @@ type meterEventRow struct {
 	Unknown      bool
 	LeaseOwner   string
 	LeaseExpires *time.Time
+	CreatedAt    time.Time
+	// Aggregate: the aggregate whose call carries the event (a sum meter's
+	// events of one second, one Stripe call under the aggregate's own
+	// identifier), with that call's status, value and members ("": none).
+	Aggregate        string
+	AggregateStatus  string
+	AggregateValue   int64
+	AggregateMembers int
 }
 
 // meterEventFilter is the browser's query.
@@ -51,7 +59,9 @@ type meterEventFilter struct {
 	BeforeID string
 }
 
-var meterStatuses = []string{"sending", "delivered", "parked", "failed"}
+// meterStatuses are the statuses a row may have: queued (recorded at
+// ingest, not sent yet), sending, delivered, parked, failed.
+var meterStatuses = []string{"queued", "sending", "delivered", "parked", "failed"}
 
 // listMeterEvents lists a page of n events.
 func listMeterEvents(ctx context.Context, db pg.DB, f meterEventFilter, n int) ([]meterEventRow, error) {
@@ -80,30 +90,35 @@ func meterEventsQuery(f meterEventFilter, n int) (string, []any) {
 		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
 	}
 	if f.Customer != "" {
-		add("stripe_customer_id = ?", f.Customer)
+		add("m.stripe_customer_id = ?", f.Customer)
 	}
 	if f.Meter != "" {
-		add("event_name = ?", f.Meter)
+		add("m.event_name = ?", f.Meter)
 	}
 	if f.Status != "" {
-		add("status = ?", f.Status)
+		add("m.status = ?", f.Status)
 	}
 	if f.Identifier != "" {
-		add("identifier = ?", f.Identifier)
+		add("m.identifier = ?", f.Identifier)
 	}
 	if f.BeforeTS != nil {
 		args = append(args, *f.BeforeTS, f.BeforeID)
-		where = append(where, fmt.Sprintf("(event_ts, identifier) < ($%d, $%d)", len(args)-1, len(args)))
+		where = append(where, fmt.Sprintf("(m.event_ts, m.identifier) < ($%d, $%d)", len(args)-1, len(args)))
 	}
-	q := `SELECT event_ts, identifier, event_name, stripe_customer_id, coalesce(customer_id, ''), value, status, attempts,
-		first_sent_at, delivered_at, coalesce(last_error, ''), coalesce(stream_message_id, ''), outcome_unknown,
-		coalesce(lease_owner, ''), lease_expires_at
-	FROM {schema}.meter_events`
+	// The page is read first (by the index that fits, in its order), then
+	// its rows' aggregates: a join before the LIMIT would sort every row.
+	q := `SELECT m.event_ts, m.identifier, m.event_name, m.stripe_customer_id, coalesce(m.customer_id, ''), m.value, m.status, m.attempts,
+		m.first_sent_at, m.delivered_at, coalesce(m.last_error, ''), coalesce(m.stream_message_id, ''), m.outcome_unknown,
+		coalesce(m.lease_owner, ''), m.lease_expires_at, m.created_at,
+		coalesce(m.aggregate, ''), coalesce(a.status, ''), coalesce(a.value, 0), coalesce(a.members, 0)
+	FROM (SELECT * FROM {schema}.meter_events m`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	args = append(args, n)
-	q += fmt.Sprintf(" ORDER BY event_ts DESC, identifier DESC LIMIT $%d", len(args))
+	q += fmt.Sprintf(` ORDER BY m.event_ts DESC, m.identifier DESC LIMIT $%d) m
+	LEFT JOIN {schema}.meter_aggregates a ON a.identifier = m.aggregate
+	ORDER BY m.event_ts DESC, m.identifier DESC`, len(args))
 	return q, args
 }
 
@@ -162,6 +177,14 @@ func (s *Server) meterEventsPage(w http.ResponseWriter, r *http.Request) {
 		data["Next"] = "/meter-events?" + v.Encode()
 	}
 	data["Rows"] = rows
+	if f.Customer != "" {
+		bl, err := customerBacklog(r.Context(), s.db, f.Customer, f.Meter)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		data["Backlog"], data["Now"] = bl, s.now()
+	}
 	s.render(w, r, http.StatusOK, "meterevents", data)
 }
 

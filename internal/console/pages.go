@@ -158,6 +158,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Streams"], data["Losses"] = s.streamStats(ctx), s.streamLosses(ctx)
+	for _, st := range s.cfg.Streams {
+		data["MeterStreams"] = data["MeterStreams"] == true || st.Meter
+	}
 	// Through Redis Sentinel, the primary the console's connections reach:
 	// after a failover, the promoted one.
 	data["RedisPrimary"], _ = redisurl.Primary(s.cfg.Redis)
@@ -404,6 +407,12 @@ func (s *Server) confirmReplay(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "confirm", data)
 }
 
+// meterReplayWords say what a replay of a meter stream's dead letter does.
+const meterReplayWords = "A meter consumer decides each from the meter ledger: an event Stripe refused (failed) or parked is recorded " +
+	"again (queued, with a consumer run with --send-from-ledger) and sent under its identifier; one already delivered is acked " +
+	"without a call; one Stripe may have counted and no longer guards is refused again (meter_replay_refused) until it is settled. " +
+	"This can add usage at Stripe."
+
 // replayConfirm is the confirmation page of a replay: one dead letter (id)
 // or every one of a reason.
 func (s *Server) replayConfirm(r *http.Request, st Stream, id, reason, token string) (map[string]any, error) {
@@ -420,9 +429,15 @@ func (s *Server) replayConfirm(r *http.Request, st Stream, id, reason, token str
 			return nil, err
 		}
 		data["Title"] = fmt.Sprintf("Replay every dead letter of reason “%s”", reason)
-		data["Button"] = fmt.Sprintf("Replay %d dead letter%s", n, plural(n))
+		data["Button"], data["Count"] = fmt.Sprintf("Replay %d dead letter%s", n, plural(n)), n
 		data["What"] = fmt.Sprintf("Replay %d dead letter%s of reason %q onto %s (at most %d in one action). Each is billed if the ledger has no final row for it: this can charge.",
 			n, plural(n), reason, st.Name, s.cfg.MaxReplay)
+	}
+	if st.Meter && id != "" {
+		data["What"] = fmt.Sprintf("Replay dead letter %s onto %s. %s", id, st.Name, meterReplayWords)
+	} else if st.Meter {
+		data["What"] = fmt.Sprintf("Replay %d dead letter%s of reason %q onto %s (at most %d in one action). %s",
+			data["Count"], plural(data["Count"].(int)), reason, st.Name, s.cfg.MaxReplay, meterReplayWords)
 	}
 	data["Action"] = action
 	if s.cfg.AllowActions {

@@ -125,6 +125,14 @@ func (s *Server) pelPage(w http.ResponseWriter, r *http.Request) {
 	if sum, err := s.cfg.Redis.XPending(ctx, st.Name, st.Group).Result(); err == nil {
 		data["Total"] = sum.Count
 	}
+	if st.Meter {
+		// With --send-from-ledger the backlog is the ledger's, not the PEL's.
+		b, err := backlogOfStream(ctx, s.db, st.Name)
+		if err != nil && !missingTable(err) {
+			data["Error"] = redact.String(err.Error())
+		}
+		data["Meter"], data["Backlog"], data["Now"] = true, b, s.now()
+	}
 	if passes, err := reaper.RecentPasses(ctx, s.cfg.Redis, st.Name, 1); err == nil && len(passes) == 1 {
 		p, pol := passes[0], s.explainer.Policy()
 		data["LastPass"] = p
@@ -173,6 +181,11 @@ func (s *Server) pelRows(ctx context.Context, st Stream, owner, after string) ([
 		row := pelRow{ID: d.ID, Consumer: d.Consumer, Idle: d.Idle, Deliveries: d.Deliveries, Kind: string(d.Kind),
 			Do: verdictWords[d.Kind], Key: d.Key, Reason: redact.String(truncate(d.Reason, 300)), Detail: redact.String(truncate(x.Detail, 300)),
 			Due: x.Due, Row: x.Row}
+		if x.Row != nil && x.Row.Meter != "" && x.Row.Status == "queued" {
+			// Recorded at ingest and not sent: acking the entry loses
+			// nothing, the senders send the row from the ledger.
+			row.Do = "ack: the event is recorded in the meter ledger (queued), not sent yet; the consumers' senders send it from there"
+		}
 		t, ok := beats[d.Consumer]
 		row.Owner = s.stateOf(st, d.Consumer, ok, max(0, now.Sub(t)))
 		out[i] = row

@@ -29,6 +29,11 @@ type streamStat struct {
 	Holding       int // members holding pending entries
 	Dead          int64
 	Error         string
+	// Backlog: a meter stream's events recorded in the ledger and not yet
+	// sent (queued) or in flight (sending): with --send-from-ledger the
+	// entries are acked at ingest, so Pending no longer shows them.
+	Backlog *streamBacklog
+	Now     time.Time
 }
 
 // streamStats reads XPENDING's summary, the oldest entry's idle time (the
@@ -62,6 +67,11 @@ func (s *Server) streamStats(ctx context.Context) []streamStat {
 			}
 		}
 		ss.Dead, _ = s.cfg.Redis.XLen(ctx, consumer.DeadLetterStream(st.Name)).Result()
+		if st.Meter {
+			if b, err := backlogOfStream(ctx, s.db, st.Name); err == nil {
+				ss.Backlog, ss.Now = &b, s.now()
+			}
+		}
 		out = append(out, ss)
 	}
 	return out

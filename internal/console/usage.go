@@ -72,7 +72,7 @@ func (s *Server) usagePage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	customer, meter := strings.TrimSpace(q.Get("customer")), strings.TrimSpace(q.Get("meter"))
 	all := q.Get("state") == "all"
-	data := map[string]any{"Customer": customer, "Meter": meter, "All": all}
+	data := map[string]any{"Customer": customer, "Meter": meter, "All": all, "Now": s.now()}
 	rows, err := listUsage(r.Context(), s.db, customer, meter, all, maxUsageRows+1)
 	if missingTable(err) {
 		data["Missing"] = true

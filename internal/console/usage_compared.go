@@ -47,18 +47,30 @@ func usageRuns(ctx context.Context, db pg.DB, n int) ([]usageRun, error) {
 type comparedRow struct {
 	EventName string
 	// Run is the last run that compared it; nil: never compared.
-	Run          *int64
-	At           *time.Time
-	From, To     *time.Time
-	Windows      int64
-	HeldWindows  int64
-	HeldFrom     *time.Time
-	Events       int64 // the ledger's events of it (the last 36 days)
-	NotCompared  int64 // delivered, and not in the last comparison
-	NotUnits     int64
-	Undelivered  int64 // sending, parked or failed: compared as unknowns or not at all
+	Run         *int64
+	At          *time.Time
+	From, To    *time.Time
+	Windows     int64
+	HeldWindows int64
+	HeldFrom    *time.Time
+	Events      int64 // the ledger's events of it (the last 36 days)
+	NotCompared int64 // delivered, and not in the last comparison
+	NotUnits    int64
+	// Queued: recorded, not sent yet (Stripe does not have them: never a
+	// difference), QueuedOldest when the oldest was recorded; Sending: in
+	// flight or of unknown outcome (compared as an interval); Stopped:
+	// parked or failed (a person's, or a replay's).
+	Queued       int64
+	QueuedOldest *time.Time
+	Sending      int64
+	Stopped      int64
 	LatestEvent  time.Time
 	NeverCompare bool
+}
+
+// QueuedAge is how long the oldest queued event has waited, at now.
+func (c comparedRow) QueuedAge(now time.Time) time.Duration {
+	return meterBacklog{Oldest: c.QueuedOldest}.Age(now)
 }
 
 // qCompared is, per meter of a customer, its last comparison and the
@@ -72,7 +84,8 @@ const qCompared = `SELECT e.event_name, c.run_id, c.compared_at, c.compared_from
 		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at >= c.compared_at)),
 	coalesce(sum(e.value) FILTER (WHERE e.status = 'delivered' AND (c.run_id IS NULL OR e.event_ts < c.compared_from
 		OR e.event_ts >= coalesce(c.held_from, c.compared_to) OR e.delivered_at >= c.compared_at)), 0),
-	count(*) FILTER (WHERE e.status <> 'delivered'),
+	count(*) FILTER (WHERE e.status = 'queued'), min(e.created_at) FILTER (WHERE e.status = 'queued'),
+	count(*) FILTER (WHERE e.status = 'sending'), count(*) FILTER (WHERE e.status IN ('parked', 'failed')),
 	max(e.event_ts)
 FROM {schema}.meter_events e
 LEFT JOIN {schema}.usage_compared c ON c.event_name = e.event_name AND c.stripe_customer_id = e.stripe_customer_id
@@ -88,7 +101,7 @@ func comparedOf(ctx context.Context, db pg.DB, customer, meter string) ([]compar
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (comparedRow, error) {
 		var c comparedRow
 		err := r.Scan(&c.EventName, &c.Run, &c.At, &c.From, &c.To, &c.Windows, &c.HeldWindows, &c.HeldFrom,
-			&c.Events, &c.NotCompared, &c.NotUnits, &c.Undelivered, &c.LatestEvent)
+			&c.Events, &c.NotCompared, &c.NotUnits, &c.Queued, &c.QueuedOldest, &c.Sending, &c.Stopped, &c.LatestEvent)
 		c.NeverCompare = c.Run == nil
 		return c, err
 	})

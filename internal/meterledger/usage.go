@@ -13,13 +13,16 @@ import (
 // auditor's own scratch table usage_stage (migration 00015), here because
 // this package alone reads meter_events.
 
-// UnknownSQL is true for a row of meter_events m whose outcome at Stripe
-// is unknown: sending (in flight, or its reply lost), parked, or failed
-// after an earlier attempt of unknown outcome and not settled by a person
-// (rows recorded before such events were parked instead). Stripe may count
-// it: the usage reconciliation neither counts it as delivered nor takes
-// it back.
-const UnknownSQL = `(m.status IN ('sending', 'parked') OR (m.status = 'failed' AND m.outcome_unknown AND m.settled_at IS NULL))`
+// UnknownSQL is true for a row of meter_events m that Stripe may or may
+// not count when its summary is read: sending (in flight, or its reply
+// lost; alone or in an aggregate), parked, failed after an earlier attempt
+// of unknown outcome and not settled by a person (rows recorded before such
+// events were parked instead), or queued (recorded at ingest and not sent
+// when the ledger was read: a sender may send it before Stripe's summary is
+// read; one queued again after an attempt of unknown outcome may be there
+// already). The usage reconciliation neither counts it as delivered nor
+// takes it back: an unsent event is never an over-count to cancel.
+const UnknownSQL = `(m.status IN ('queued', 'sending', 'parked') OR (m.status = 'failed' AND m.outcome_unknown AND m.settled_at IS NULL))`
 
 // StageWindowTotals aggregates, in one statement, the events with
 // timestamps in [dailyFrom, to) into usage_stage under runID: per meter,
@@ -90,7 +93,9 @@ func (l *Ledger) UnknownInWindow(ctx context.Context, eventName, customer string
 	return evs, total, nil
 }
 
-// WindowEvent is a delivered event as a re-send needs it.
+// WindowEvent is a delivered call as a re-send needs it: an event sent
+// alone, or an aggregate (its identifier, second and value: the sum of its
+// members).
 type WindowEvent struct {
 	Identifier  string
 	EventTS     time.Time
@@ -98,12 +103,20 @@ type WindowEvent struct {
 	FirstSentAt time.Time
 }
 
-// DeliveredInWindow returns the delivered events of eventName and
-// customer with timestamps in [from, to), oldest first, at most limit of
-// them; more reports that the window holds more than limit.
+// DeliveredInWindow returns the delivered calls of eventName and customer
+// with timestamps in [from, to), oldest first, at most limit of them; more
+// reports that the window holds more than limit. An event delivered inside
+// an aggregate is not returned on its own: its aggregate is, under the
+// identifier Stripe saw (a re-send of a member under its own identifier
+// would be counted again). Windows are whole hours or days, so an
+// aggregate's second and its members fall in the same one.
 func (l *Ledger) DeliveredInWindow(ctx context.Context, eventName, customer string, from, to time.Time, limit int) (evs []WindowEvent, more bool, err error) {
-	rows, err := l.pool.Query(ctx, `SELECT identifier, event_ts, value, first_sent_at FROM {schema}.meter_events
-		WHERE status = 'delivered' AND event_name = $1 AND stripe_customer_id = $2 AND event_ts >= $3 AND event_ts < $4
+	rows, err := l.pool.Query(ctx, `SELECT identifier, event_ts, value, first_sent_at FROM (
+			SELECT identifier, event_ts, value, first_sent_at FROM {schema}.meter_events
+			WHERE status = 'delivered' AND aggregate IS NULL AND event_name = $1 AND stripe_customer_id = $2 AND event_ts >= $3 AND event_ts < $4
+			UNION ALL
+			SELECT identifier, second, value, first_sent_at FROM {schema}.meter_aggregates
+			WHERE status = 'delivered' AND event_name = $1 AND stripe_customer_id = $2 AND second >= $3 AND second < $4) d
 		ORDER BY event_ts, identifier LIMIT $5`, eventName, customer, from, to, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading delivered %s events of %s: %w", eventName, customer, err)

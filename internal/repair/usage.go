@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -32,9 +34,15 @@ type UsageConfig struct {
 	Ledger *meterledger.Ledger   // required
 	Redis  redis.UniversalClient // required: the witness and the streams
 	Since  time.Time             // required: where the ledger's loss may begin
-	By     string                // who repairs, for the notes
-	Logger *slog.Logger          // optional
-	Rules  event.MeterRules      // how the streams' entries are read (the consumers' rules)
+	// Until is when the loss was found (the rollback's detection): the
+	// ledger took writes elsewhere by then, so an entry added to a stream
+	// after it was never sent before the loss. Such entries are sent as
+	// usual and counted apart (UsageReport.New). Zero: every entry not
+	// acked may have been sent before the loss.
+	Until  time.Time
+	By     string           // who repairs, for the notes
+	Logger *slog.Logger     // optional
+	Rules  event.MeterRules // how the streams' entries are read (the consumers' rules)
 }
 
 // UsageReport is what a usage repair did.
@@ -47,8 +55,14 @@ type UsageReport struct {
 	// than the safe window: parked by the repair, never re-sent.
 	Parked int
 	// Resend: entries not acked whose row is missing, within the safe
-	// window: the consumers send them again under their identifiers.
+	// window, added before the loss was found (they may have been sent
+	// before it): the consumers send them again under their identifiers
+	// (Stripe refuses one it has: recorded delivered).
 	Resend int
+	// New: entries not acked whose row is missing, added after the loss
+	// was found (UsageConfig.Until): never sent before it; the consumers
+	// send them as usual.
+	New int
 	// Findings: what it could not restore and names in Notes (a parked
 	// event, a row that disagrees with the witness, a witness that does not
 	// reach back to Since, members it could not read).
@@ -81,10 +95,19 @@ func Usage(ctx context.Context, cfg UsageConfig) (UsageReport, error) {
 		// First: the rollback's report keeps its first 4,000 characters.
 		rep.Notes = append([]string{fmt.Sprintf("%s repaired the usage of %d meter streams since %s: %d meter event rows restored from the witness, "+
 			"%d set back to their witnessed outcome, %d parked (not acked, past the safe window: never re-sent), %d left to be sent again "+
-			"under their identifiers, %d findings", cfg.By, rep.Streams, cfg.Since.UTC().Format(time.RFC3339), rep.Restored, rep.Repaired,
-			rep.Parked, rep.Resend, rep.Findings)}, rep.Notes...)
+			"under their identifiers (their entries may have been sent before the loss)%s, %d findings", cfg.By, rep.Streams,
+			cfg.Since.UTC().Format(time.RFC3339), rep.Restored, rep.Repaired, rep.Parked, rep.Resend, newNote(rep.New), rep.Findings)}, rep.Notes...)
 	}
 	return rep, err
+}
+
+// newNote says how many entries added after the loss was found are
+// still to be sent (never sent before it); nothing when there are none.
+func newNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d added after the loss was found and never sent before it (sent as usual)", n)
 }
 
 type usage struct {
@@ -343,6 +366,10 @@ func (u *usage) decideUnacked(ctx context.Context, s meterwitness.Stream, msgs [
 			switch {
 			case found[i]:
 				// The ledger knows it: the consumers decide it as usual.
+			case now.Sub(e.EventTS) < safe && addedAfter(e.MessageID, u.cfg.Until):
+				// Added once the ledger took writes elsewhere: never sent
+				// before the loss; the consumers send it as usual.
+				u.rep.New++
 			case now.Sub(e.EventTS) < safe:
 				u.rep.Resend++
 			default:
@@ -369,4 +396,16 @@ func (u *usage) decideUnacked(ctx context.Context, s meterwitness.Stream, msgs [
 		u.log.Info("meter events left to be sent again under their identifiers", "stream", s.Stream, "group", s.Group, "events", n)
 	}
 	return nil
+}
+
+// addedAfter reports whether the stream entry id (Redis's clock in
+// milliseconds, a dash, a sequence) was added after until; false when
+// until is zero or the id does not parse.
+func addedAfter(id string, until time.Time) bool {
+	if until.IsZero() {
+		return false
+	}
+	ms, _, ok := strings.Cut(id, "-")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	return ok && err == nil && n > until.UnixMilli()
 }

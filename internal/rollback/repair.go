@@ -44,8 +44,14 @@ func (m *Monitor) tryRepair(ctx context.Context) {
 	if err := rows.Err(); err != nil || len(ids) == 0 {
 		return
 	}
+	var found time.Time
+	for _, at := range detected {
+		if at.After(found) {
+			found = at
+		}
+	}
 	m.cfg.Logger.Info("repairing the ledger from Stripe", "rollbacks", ids, "since", since)
-	rep, err := m.cfg.Repair(ctx, since)
+	rep, err := m.cfg.Repair(WithFoundAt(ctx, found), since)
 	if err != nil {
 		m.repairGap = min(max(2*m.repairGap, 5*time.Second), 5*time.Minute)
 		m.repairAt = now.Add(m.repairGap)
@@ -118,4 +124,20 @@ func (m *Monitor) tryRepair(ctx context.Context) {
 	if err := m.check(ctx, m.db.Pool); err != nil {
 		m.cfg.Logger.Warn("checking the ledger after its repair", "err", err)
 	}
+}
+
+type foundAtKey struct{}
+
+// WithFoundAt tells a RepairFunc when the rollbacks it repairs were found
+// (their latest detection): the ledger took writes elsewhere by then, so
+// an event whose stream entry was added later was never sent before the
+// loss (the usage repair counts those apart).
+func WithFoundAt(ctx context.Context, at time.Time) context.Context {
+	return context.WithValue(ctx, foundAtKey{}, at)
+}
+
+// FoundAt is WithFoundAt's time (zero: not known).
+func FoundAt(ctx context.Context) time.Time {
+	at, _ := ctx.Value(foundAtKey{}).(time.Time)
+	return at
 }

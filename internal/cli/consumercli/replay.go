@@ -21,6 +21,10 @@ replayed entry carries replayed_from=<dead letter id>: for an action_required or
 is what charges again, under the next attempt's key. The ledger makes a replay safe: an event
 already billed is acked without a second charge.
 
+A meter consumer run with --send-from-ledger records the replayed entry at ingest: the event's
+row in the meter ledger (failed or parked) is queued again and its senders send it under its
+identifier, as they send every event; the entry is acked once recorded.
+
 A meter event Stripe may have counted (parked: its outcome unknown) is not sent again once the
 safe window of its first attempt has passed: the replay is refused (reason meter_replay_refused),
 as Stripe may no longer refuse its identifier. Check the meter's events at Stripe and settle it
