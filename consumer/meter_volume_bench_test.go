@@ -34,7 +34,7 @@ import (
 // customers' together, counted usage trailed their production at worst,
 // sampled every 100 ms: the age of the oldest unit produced and not yet
 // counted), calls/event (Stripe calls, refusals included, per event
-// produced), customers_short (customers whose usage was not all counted
+// counted), customers_short (customers whose usage was not all counted
 // at the cap: nonzero only where the mode could not catch up within it).
 // Events counted are the units counted as a share of those produced, times
 // the events produced (an aggregate counts several events in one).
@@ -211,7 +211,7 @@ func runBusyBench(b *testing.B, mode string) {
 	b.ReportMetric(counted/elapsed.Seconds(), "counted_events/s")
 	b.ReportMetric(busyLag.Seconds(), "busy_lag_s_max")
 	b.ReportMetric(qLag.Seconds(), "quiet_lag_s_max")
-	b.ReportMetric(float64(calls)/float64(produced), "calls/event")
+	b.ReportMetric(float64(calls)/counted, "calls/event")
 	b.ReportMetric(float64(left), "customers_short")
 	b.Logf("%s: %d events produced in %d s; %s until counted or the cap; emulator %+v; %d customers short",
 		mode, produced, busyBenchSeconds, elapsed.Round(time.Millisecond), c, left)
