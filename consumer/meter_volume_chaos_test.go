@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -60,7 +62,17 @@ const (
 // Stripe answering each meter event in volumeLatency.
 func volumeWorld(t *testing.T) *bundle {
 	t.Helper()
-	b := meterWorld(t, time.Now().UTC())
+	return volumeWorldWith(t, nil)
+}
+
+// volumeWorldWith is volumeWorld with a hook on every meter event call
+// while it is in flight at the emulator.
+func volumeWorldWith(t *testing.T, onMeterCall func(customer, eventName string)) *bundle {
+	t.Helper()
+	b := setup(t, opts{simNow: time.Now().UTC(), onMeterCall: onMeterCall})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range volumeCountMeters {
 		if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: m, Formula: stripesim.FormulaCount}); err != nil {
 			t.Fatal(err)
@@ -267,27 +279,46 @@ func runLedgerMeterChild() int {
 	return 0
 }
 
-// (a) Two consumer processes SIGKILLed at random moments (inside a call,
-// between Stripe's reply and the ledger write, mid-ingest before XACK) and
-// each replaced by a process of a new name, as a restarted pod would be;
-// the reaper re-drives what a dead one left pending. A row left sending
-// is taken over once its lease expires, under its identifier.
+// (a) Two consumer processes SIGKILLed and each replaced by a process of a
+// new name, as a restarted pod would be; the reaper re-drives what a dead
+// one left pending. Every other kill takes both processes at once while a
+// call of the busy customer is held in flight at the emulator (it is then
+// counted there, and its reply never read); the others take one process
+// at a random moment (mid-ingest before XACK, between a reservation and
+// its call, ...). A row left sending is taken over once its lease
+// expires, under its identifier: Stripe refuses the one it counted as a
+// duplicate, and it is recorded delivered.
 func TestVolumeFromTheLedgerUnderSIGKILLs(t *testing.T) {
 	t.Parallel()
-	b := volumeWorld(t)
+	var armed atomic.Bool
+	hit, released := make(chan struct{}), make(chan struct{})
+	b := volumeWorldWith(t, func(customer, _ string) {
+		if customer == "cus_0" && armed.CompareAndSwap(true, false) {
+			hit <- struct{}{}
+			<-released
+		}
+	})
+	outs := map[*exec.Cmd]*strings.Builder{}
 	start := func(name string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "PELGUARD_CHILD=ledger-meter-consumer", "CHILD_NAME="+name,
 			"CHILD_REDIS_URL="+testenv.RedisURL(), "CHILD_DATABASE_URL="+b.dbURL, "CHILD_DB_SCHEMA="+testenv.SchemaOfURL(b.dbURL),
 			"CHILD_STRIPE_URL="+b.sim.URL(), "CHILD_STREAM="+b.stream, "CHILD_GROUP="+b.group)
+		out := &strings.Builder{}
+		cmd.Stderr, outs[cmd] = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		return cmd
 	}
+	// kill SIGKILLs a child, which must still be running: one that
+	// stopped by itself did none of the work this test counts on.
 	kill := func(cmd *exec.Cmd) {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		_ = cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Errorf("a meter consumer process had stopped before its kill (%s): %s", cmd.ProcessState, outs[cmd].String())
+		}
 	}
 	var mu sync.Mutex
 	fleet := []*exec.Cmd{start("v-0"), start("v-1")}
@@ -314,13 +345,38 @@ func TestVolumeFromTheLedgerUnderSIGKILLs(t *testing.T) {
 	// while the load runs), then two while the backlog drains.
 	rng := rand.New(rand.NewPCG(38, 1))
 	kills := 0
+	inFlightKills := 0
 	killOne := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		i := rng.IntN(len(fleet))
-		kill(fleet[i])
 		kills++
-		fleet[i] = start(fmt.Sprintf("v-%d-%d", i, kills))
+		if kills%2 == 1 {
+			i := rng.IntN(len(fleet))
+			kill(fleet[i])
+			fleet[i] = start(fmt.Sprintf("v-%d-%d", i, kills))
+			return
+		}
+		// Both at once, a call of the busy customer's in flight.
+		armed.Store(true)
+		select {
+		case <-hit:
+		case <-time.After(10 * time.Second):
+			if armed.CompareAndSwap(true, false) {
+				t.Log("no call of the busy customer in flight within 10 s: killed at a random moment instead")
+				for i := range fleet {
+					kill(fleet[i])
+					fleet[i] = start(fmt.Sprintf("v-%d-%d", i, kills))
+				}
+				return
+			}
+			<-hit // the hook took it just now
+		}
+		for i := range fleet {
+			kill(fleet[i])
+			fleet[i] = start(fmt.Sprintf("v-%d-%d", i, kills))
+		}
+		inFlightKills++
+		released <- struct{}{}
 	}
 	next := 10 + rng.IntN(8)
 	all := b.produceVolume(t, func(k int, _ []event.MeterEvent) {
@@ -334,7 +390,22 @@ func TestVolumeFromTheLedgerUnderSIGKILLs(t *testing.T) {
 		killOne()
 	}
 	b.assertVolumeExact(t, all)
-	t.Logf("%d SIGKILLs", kills)
+	var again int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+testenv.SchemaOf(b.pool)+`.meter_events WHERE attempts > 1`).Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	c := b.sim.MeterEventCounts()
+	posts := b.sim.Requests()["POST /v1/billing/meter_events"]
+	t.Logf("%d SIGKILLs, %d of both processes with a call in flight; %d events taken over after a kill; %d calls for %d events counted",
+		kills, inFlightKills, again, posts, c.Recorded)
+	// A call killed in flight was counted at the emulator; its event is
+	// sent again under its identifier, answered from the first (Stripe's
+	// idempotent replay of the same Idempotency-Key, or a duplicate
+	// refusal), and counted once.
+	if posts < c.Recorded+int64(inFlightKills) || again < inFlightKills {
+		t.Errorf("%d calls for %d events, %d taken over: each of the %d events whose call was killed in flight must have been sent again",
+			posts, c.Recorded, again, inFlightKills)
+	}
 }
 
 // (b) The group rolled back to 0 (XGROUP SETID ... 0) twice while the load
