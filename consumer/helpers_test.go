@@ -42,12 +42,14 @@ type opts struct {
 	noKeepAliv bool
 	retries    int64
 	webhook    stripesim.Webhook
+	// onMeterCall: stripesim.Config.OnMeterEventInFlight.
+	onMeterCall func(customer, eventName string)
 }
 
 func setup(t testing.TB, o opts) *bundle {
 	t.Helper()
 	pool, url := testenv.DBWithURL(t)
-	sim, err := stripesim.New(stripesim.Config{Now: o.simNow, Seed: 1, Webhook: o.webhook})
+	sim, err := stripesim.New(stripesim.Config{Now: o.simNow, Seed: 1, Webhook: o.webhook, OnMeterEventInFlight: o.onMeterCall})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,13 +18,16 @@ import (
 // TestMain doubles as the child process of the kill tests: with
 // PELGUARD_CHILD=kill-after-stripe, the test binary runs a consumer that
 // SIGKILLs itself right after Stripe replies, before the ledger write and
-// the XACK; with meter-consumer, a meter consumer until it is killed.
+// the XACK; with meter-consumer, a meter consumer until it is killed; with
+// ledger-meter-consumer, one sending from the ledger.
 func TestMain(m *testing.M) {
 	switch os.Getenv("PELGUARD_CHILD") {
 	case "kill-after-stripe":
 		os.Exit(runChild())
 	case "meter-consumer":
 		os.Exit(runMeterChild())
+	case "ledger-meter-consumer":
+		os.Exit(runLedgerMeterChild())
 	}
 	os.Exit(m.Run())
 }

@@ -185,6 +185,7 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.beatWhileRunning(ctx)()
+	defer c.watchBacklogWhileRunning(ctx)()
 	waitSenders, err := c.startSenders(ctx)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ type Metrics struct {
 	heartbeats  *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	parkedRows  prometheus.Counter
+	backlog     *meterBacklogMetrics
 }
 
 // NewMetrics registers the consumer's series on reg. Every series but the
@@ -49,6 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.events, m.stripe, m.inFlight, m.heartbeats, m.deadLetters, m.parkedRows)
 	}
+	m.backlog = newMeterBacklogMetrics(reg)
 	return m
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -112,6 +113,33 @@ func TestDashboardMetricsExist(t *testing.T) {
 	add(event.Event{CustomerID: "c_1", StripeCustomerID: "cus_1", AmountCents: 100, BillingPeriod: "2026-11", Currency: "usd"}.Payload())
 	add(`not json`)
 	cons := startBin(t, "consumer", env, "--metrics-addr", "127.0.0.1:0", "--block", "100ms")
+
+	// A meter consumer sending from the ledger, for its unsent-backlog
+	// gauges (pelguard_consumer_meter_unsent_*): four events of one
+	// customer, Stripe answering each in 8 s (one call at a time per
+	// customer and meter), so the last stays queued past the consumer's
+	// second backlog read (consumer.BacklogEvery). It runs beside the rest.
+	usage := testenv.Name(t, "usage")
+	testenv.CleanupKeys(t, rdb, usage, usage+":dead")
+	if _, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: "api_calls", Formula: stripesim.FormulaCount}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.SetFaults(stripesim.Faults{MeterEventLatency: 8 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XGroupCreateMkStream(ctx, usage, "meters", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		e := event.MeterEvent{EventName: "api_calls", StripeCustomerID: "cus_busy", Value: 1, Timestamp: time.Now().UTC(), EventID: fmt.Sprintf("call-%d", i)}
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: usage, Values: map[string]any{"payload": e.Payload()}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meter := startBin(t, "consumer", env, "meter-events", "--stream", usage, "--group", "meters", "--send-from-ledger",
+		"--metrics-addr", "127.0.0.1:0", "--block", "100ms")
+	maddr := meter.addr()
+
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, _ := rdb.XLen(ctx, stream+":dead").Result()
 		return sim.SucceededCharges("c_1", "2026-11") == 1 && n == 1
@@ -176,7 +204,18 @@ func TestDashboardMetricsExist(t *testing.T) {
 		"the webhook receiver is ready")
 	_, scrape["webhook"] = get(t, "http://"+haddr+"/metrics")
 
+	var meterScrape string
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		_, meterScrape = get(t, "http://"+maddr+"/metrics")
+		return hasSeries(meterScrape, "pelguard_consumer_meter_unsent_oldest_seconds")
+	}, "the meter consumer published its unsent backlog:\n%s", grepLines(meterScrape, "pelguard_consumer_meter"))
 	for _, m := range append(dashboardMetrics(t), ruleMetrics(t)...) {
+		if strings.HasPrefix(m, "pelguard_consumer_meter_unsent_") { // meter-events --send-from-ledger only
+			if !hasSeries(meterScrape, m) {
+				t.Errorf("metric %s (dashboard or alert rules) is not on the meter consumer's /metrics:\n%s", m, grepLines(meterScrape, "pelguard_consumer_meter"))
+			}
+			continue
+		}
 		if strings.HasPrefix(m, "pelguard_webhook_") {
 			if !hasSeries(scrape["webhook"], m) {
 				t.Errorf("metric %s (dashboard or alert rules) is not on the webhook receiver's /metrics:\n%s", m, grepLines(scrape["webhook"], "pelguard_webhook"))
