@@ -8,7 +8,9 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 )
 
-// waitMeterHandled waits until the meter consumer name reports n events
+// waitMeterHandled waits (up to 180 s: one customer-meter's events go one
+// per turn of the consumer's own pending entries, and a full make test
+// under -race slows those turns) until the meter consumer name reports n events
 // handled. It fails at once with the consumer's own error if its Run
 // returned (putting the error back for the test's cleanup), and on a
 // timeout it says where the events are: pending in the group, and the
@@ -17,7 +19,7 @@ func (b *bundle) waitMeterHandled(t *testing.T, stream, group, name string, done
 	t.Helper()
 	ctx := context.Background()
 	rdb := b.rdb
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(180 * time.Second)
 	for {
 		st, err := consumer.ReadStats(ctx, rdb, stream, group, []string{name})
 		if err == nil && st[name].Events == n {
@@ -37,7 +39,7 @@ func (b *bundle) waitMeterHandled(t *testing.T, stream, group, name string, done
 			var rows string
 			_ = b.cfg.DB.QueryRow(ctx, `SELECT coalesce(string_agg(status || '=' || c, ', '), 'none') FROM
 				(SELECT status, count(*) AS c FROM `+b.cfg.Schema+`.meter_events GROUP BY 1) s`).Scan(&rows)
-			t.Fatalf("timed out after 90s: the meter consumer %s handled %d of %d events (stats error %v); %d entries pending; ledger rows: %s",
+			t.Fatalf("timed out after 180s: the meter consumer %s handled %d of %d events (stats error %v); %d entries pending; ledger rows: %s",
 				name, st[name].Events, n, err, pending, rows)
 		}
 		time.Sleep(20 * time.Millisecond)
