@@ -87,7 +87,7 @@ func BenchmarkIngestAtVolume(b *testing.B) {
 	for _, c := range []struct {
 		mode             string
 		batch, ingesters int
-	}{{"ingest", 100, 4}, {"ingest", 500, 8}, {"ingest", 1000, 16}, {"per-event", 100, 4}} {
+	}{{"ingest", 100, 4}, {"ingest", 500, 8}, {"ingest", 250, 16}, {"per-event", 100, 4}} {
 		b.Run(fmt.Sprintf("%s/batch=%d/ingesters=%d", c.mode, c.batch, c.ingesters), func(b *testing.B) {
 			ctx := context.Background()
 			l, admin, clk := volumeLedger(b, int32(c.ingesters))
