@@ -57,6 +57,13 @@ type ingestItem struct {
 	out   Ingested
 	count bool // adds the event to its customer's use (a new row, a reopened failed one)
 	write bool // insert (row nil) or reopen
+	// fields: req.Fields as JSON, as the one-statement path wrote them.
+	fields []byte
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 type usageKey struct {
@@ -96,7 +103,7 @@ func (l *Ledger) Ingest(ctx context.Context, reqs []IngestRequest) ([]Ingested, 
 	var out []Ingested
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		if out, err = l.ingest(ctx, reqs, now); !retryable(err) {
+		if out, err = l.ingestFast(ctx, reqs, now); !retryable(err) {
 			break
 		}
 	}
@@ -106,7 +113,11 @@ func (l *Ledger) Ingest(ctx context.Context, reqs []IngestRequest) ([]Ingested, 
 	return out, nil
 }
 
-func (l *Ledger) ingest(ctx context.Context, reqs []IngestRequest, now time.Time) ([]Ingested, error) {
+// ingestLocked is the exact path (ingest_fast.go says when it is taken):
+// the batch's uses of its meters are locked first, then its rows read and
+// decided event by event in (timestamp, identifier) order, each new event
+// counted only while its cap allows it.
+func (l *Ledger) ingestLocked(ctx context.Context, reqs []IngestRequest, now time.Time) ([]Ingested, error) {
 	items := make([]*ingestItem, len(reqs))
 	groups := map[usageKey]bool{}
 	for i, r := range reqs {
@@ -258,14 +269,16 @@ func lockUsage(ctx context.Context, tx pgx.Tx, gk []usageKey, now time.Time) (ma
 	return out, nil
 }
 
-func readRows(ctx context.Context, tx pgx.Tx, items []*ingestItem) error {
+func readRows(ctx context.Context, q querier, items []*ingestItem) error {
 	ts, ids := make([]time.Time, len(items)), make([]string, len(items))
 	for i, it := range items {
 		ts[i], ids[i] = it.key.EventTS, it.key.Identifier
 	}
-	rows, err := tx.Query(ctx, `SELECT `+recordCols+`, r.i
+	// LATERAL: one primary-key probe per event, whatever the partitions'
+	// statistics say (a hash join over a whole day's partition otherwise).
+	rows, err := q.Query(ctx, `SELECT `+recordCols+`, r.i
 		FROM unnest($1::timestamptz[], $2::text[]) WITH ORDINALITY AS r(ts, id, i)
-		JOIN {schema}.meter_events m ON m.event_ts = r.ts AND m.identifier = r.id AND m.event_ts = ANY($1)`, ts, ids)
+		CROSS JOIN LATERAL (SELECT * FROM {schema}.meter_events m WHERE m.event_ts = r.ts AND m.identifier = r.id) m`, ts, ids)
 	if err != nil {
 		return fmt.Errorf("reading %d meter events: %w", len(items), err)
 	}
