@@ -85,7 +85,7 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 			return 0, err // not sent: taken over again once the lease lapses
 		}
 	}
-	return len(work), c.finishAggregates(ctx, work, dead, sent)
+	return c.finishAggregates(ctx, work, dead, sent)
 }
 
 // aggregateWitness is the meter witness of aggregate a with its members.
@@ -154,13 +154,13 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	if err := c.recordSent(dctx, wit); err != nil {
 		return 0, err
 	}
-	return len(work), c.finishAggregates(ctx, work, nil, nil)
+	return c.finishAggregates(ctx, work, nil, nil)
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with
 // its members, witnesses them and dead-letters refusals from the ledger's
-// copies of the members' entries.
-func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, dead []Dead, sent []meterwitness.Sent) error {
+// copies of the members' entries. It returns the calls made.
+func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, dead []Dead, sent []meterwitness.Sent) (int, error) {
 	slots := make(chan struct{}, c.cfg.Workers)
 	var wg sync.WaitGroup
 	for _, w := range work {
@@ -254,14 +254,20 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	defer cancel()
 	if len(sent) > 0 {
 		if err := c.cfg.Witness.Mirror(dctx); err != nil {
-			return err
+			return 0, err
 		}
 		if err := c.recordSent(dctx, sent); err != nil {
-			return err
+			return 0, err
+		}
+	}
+	calls := 0
+	for _, w := range work {
+		if !w.paused {
+			calls++
 		}
 	}
 	var b MeterBatch
-	return cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
+	return calls, cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
 }
 
 // parallel runs fn(0..n-1), at most width at once.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,6 +230,79 @@ func (b *bundle) formWhenReady(t *testing.T, l *meterledger.Ledger, customer, ow
 		return ok
 	}, "%s's aggregate was never ready", customer)
 	return a, members
+}
+
+// The operator's pause is checked before each aggregate's call, not only
+// at the start of a round: paused once the round has formed its aggregate,
+// the round makes no call, the aggregate is undone (its members queued
+// again, its slot free), and on resume the same members form it again
+// under the same identifier: counted once.
+func TestAggregatePausedBeforeItsCallIsNotSent(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	sec := now.Add(-time.Minute).Truncate(time.Second)
+	evs := []event.MeterEvent{meterEvent(3, 0, sec), meterEvent(3, 1, sec.Add(300*time.Millisecond))}
+	b.addMeter(t, evs...)
+	ctx := context.Background()
+	schema := testenv.SchemaOf(b.pool)
+	// Paused as soon as an aggregate exists: between its formation and
+	// its call, as an operator's pause can fall.
+	var resumed, sawFormed atomic.Bool
+	paused := func() bool {
+		if resumed.Load() {
+			return false
+		}
+		var formed bool
+		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.meter_aggregates)`).Scan(&formed); err != nil {
+			t.Error(err)
+		}
+		if formed {
+			sawFormed.Store(true)
+		}
+		return formed
+	}
+	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: schema, Stripe: b.stripe,
+		Stream: b.stream, Group: b.group, Name: "c", Namespace: "test", Block: 50 * time.Millisecond, Lease: 3 * time.Second,
+		Logger: testenv.Logger(t), Clock: b.clk, SendFromLedger: true, AggregateMeters: []string{meterName}, Paused: paused})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ProcessBatch(ctx, b.read(t, "c", 10)); err != nil {
+		t.Fatal(err)
+	}
+	// Rounds until the ingest watermark has passed the events' arrival
+	// second and one forms the aggregate.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n, err := c.SendRound(ctx)
+		if err != nil || n != 0 {
+			t.Fatalf("a round paused before its call: %d calls (%v), want none", n, err)
+		}
+		return sawFormed.Load()
+	}, "the aggregate was never formed")
+	var formed string
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(max(aggregate), '') FROM `+schema+`.meter_events`).Scan(&formed); err != nil {
+		t.Fatal(err)
+	}
+	var queued, aggs, slots int
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'queued' AND aggregate IS NULL),
+		(SELECT count(*) FROM `+schema+`.meter_aggregates), (SELECT count(*) FROM `+schema+`.meter_inflight)`).Scan(&queued, &aggs, &slots); err != nil {
+		t.Fatal(err)
+	}
+	if queued != 2 || aggs != 0 || slots != 0 || formed != "" || b.sim.MeterEventCounts().Recorded != 0 {
+		t.Fatalf("paused before the call: %d members queued, %d aggregates, %d slots held, %d Stripe calls; want 2, 0, 0, 0",
+			queued, aggs, slots, b.sim.MeterEventCounts().Recorded)
+	}
+	resumed.Store(true)
+	if n, err := c.SendRound(ctx); err != nil || n != 1 {
+		t.Fatalf("the round after resume: %d calls (%v), want 1", n, err)
+	}
+	ids := []string{evs[0].Identifier("test"), evs[1].Identifier("test")}
+	want := meterledger.AggregateIdentifier("test", meterName, "cus_3", sec, ids)
+	got := b.sim.MeterEvents(meterName, "cus_3")
+	if len(got) != 1 || got[0].Identifier != want || b.sim.MeterTotal(meterName, "cus_3") != sums(evs)["cus_3"] {
+		t.Fatalf("Stripe has %+v, want one event %s of value %d", got, want, sums(evs)["cus_3"])
+	}
 }
 
 func mustMembers(t *testing.T, l *meterledger.Ledger, id string) []meterledger.Record {
