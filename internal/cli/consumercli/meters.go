@@ -39,8 +39,8 @@ With --send-from-ledger, events are recorded in the ledger and acked, then sent 
 arrived in one second, formed once every entry up to that second is in the ledger.
 
 Stripe permissions (a restricted key): Billing Meter Events Write; with --aggregate-meters also
-Billing Meters Read (checked at start). Exit status: 0 stopped
-cleanly, 2 bad flags, 3 Redis or Postgres unreachable after --wait-for-deps.`
+Billing Meters Read (checked at start). Exit status: 0 stopped cleanly, 2 bad flags, 3 Redis or
+Postgres unreachable after --wait-for-deps.`
 
 // MeterOptions are the flags of `consumer meter-events`.
 type MeterOptions struct {
