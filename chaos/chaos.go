@@ -26,6 +26,11 @@
 //     emulator's clock and the ledger's) before the entries are delivered
 //     again, past Stripe's identifier window.
 //
+// usage-busy-customer (busy.go) is usage at volume, a measurement rather
+// than a failure mode: one customer sending many events a second beside
+// many quiet ones, Stripe answering in 100 ms; the naive senders and
+// pelguard's meter consumers, timed and counted at the emulator.
+//
 // Every run gets its own stream names and Postgres schemas (one per charge
 // cell, one shared by the usage scenarios' pelguard cells), removed at the
 // end, even when the run fails or is interrupted.
@@ -64,25 +69,30 @@ const (
 	ScenarioUsagePartialBatch    = "usage-partial-batch"
 	ScenarioUsageAOFRollback     = "usage-aof-rollback"
 	ScenarioUsage25hGap          = "usage-25h-gap"
+	// ScenarioUsageBusyCustomer is usage at volume (busy.go).
+	ScenarioUsageBusyCustomer = "usage-busy-customer"
 )
 
 // Scenario is a scenario with the failure mode it reproduces. Usage
-// scenarios send meter events instead of charges.
+// scenarios send meter events instead of charges; the volume scenario
+// (usage-busy-customer) sends meter events too, with a table of its own.
 type Scenario struct {
 	Name, FailureMode string
 	Usage             bool
+	Volume            bool
 }
 
 // Scenarios lists every scenario, in run order: the charges, then usage.
 var Scenarios = []Scenario{
-	{ScenarioInflightReclaim, "reclaim while in flight: a Stripe call slower than the monitor's min-idle", false},
-	{ScenarioPartialBatch, "partial batch: COUNT 10 with a timeout part-way, and a SIGKILL between Stripe reply and XACK", false},
-	{ScenarioAOFRollback, "AOF rollback: appendfsync everysec loses the last writes, acked entries return as pending", false},
-	{ScenarioExpiredKey, "expired key: a redelivery after Stripe's 24 h idempotency window", false},
-	{ScenarioUsageInflightReclaim, "meter events, reclaim while in flight: a meter-event call slower than min-idle", true},
-	{ScenarioUsagePartialBatch, "meter events, partial batch: COUNT 10, the 7th reply lost, the batch read again", true},
-	{ScenarioUsageAOFRollback, "meter events, AOF rollback: acked entries return as pending", true},
-	{ScenarioUsage25hGap, "meter events, 25 h gap: replies and acks lost, redelivered past Stripe's 24 h identifier window", true},
+	{ScenarioInflightReclaim, "reclaim while in flight: a Stripe call slower than the monitor's min-idle", false, false},
+	{ScenarioPartialBatch, "partial batch: COUNT 10 with a timeout part-way, and a SIGKILL between Stripe reply and XACK", false, false},
+	{ScenarioAOFRollback, "AOF rollback: appendfsync everysec loses the last writes, acked entries return as pending", false, false},
+	{ScenarioExpiredKey, "expired key: a redelivery after Stripe's 24 h idempotency window", false, false},
+	{ScenarioUsageInflightReclaim, "meter events, reclaim while in flight: a meter-event call slower than min-idle", true, false},
+	{ScenarioUsagePartialBatch, "meter events, partial batch: COUNT 10, the 7th reply lost, the batch read again", true, false},
+	{ScenarioUsageAOFRollback, "meter events, AOF rollback: acked entries return as pending", true, false},
+	{ScenarioUsage25hGap, "meter events, 25 h gap: replies and acks lost, redelivered past Stripe's 24 h identifier window", true, false},
+	{ScenarioUsageBusyCustomer, "meter events at volume: one customer at 200 events/s beside 50 at 1/s, Stripe answering in 100 ms", false, true},
 }
 
 // isUsage reports whether name is a usage scenario.
@@ -91,8 +101,17 @@ func isUsage(name string) bool {
 	return i >= 0 && Scenarios[i].Usage
 }
 
+// isVolume reports whether name is the volume scenario.
+func isVolume(name string) bool {
+	i := slices.IndexFunc(Scenarios, func(x Scenario) bool { return x.Name == name })
+	return i >= 0 && Scenarios[i].Volume
+}
+
 // modesOf lists the modes a scenario runs in, in run order.
 func modesOf(name string) []string {
+	if isVolume(name) {
+		return busyModes
+	}
 	if isUsage(name) {
 		return []string{ModeNaive, ModeNaiveIdentifier, ModePelguard}
 	}
@@ -144,6 +163,9 @@ type Config struct {
 	// Logger receives the components' logs; nil discards them.
 	Logger *slog.Logger
 
+	// Busy sizes usage-busy-customer; zero fields take its defaults.
+	Busy BusyConfig
+
 	// Test holds hooks for tests only; the drill leaves it zero.
 	Test TestConfig
 
@@ -163,6 +185,7 @@ type TestConfig struct {
 func (c *Config) setDefaults() {
 	c.Events = cmp.Or(c.Events, DefaultEvents)
 	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
+	c.Busy.setDefaults()
 	if len(c.Scenarios) == 0 {
 		c.Scenarios = ScenarioNames()
 	}
@@ -189,6 +212,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("chaos: --events %d must be between %d and 10000", c.Events, minEvents)
 	case c.MinIdle < 50*time.Millisecond:
 		return fmt.Errorf("chaos: min-idle %s is too short to tell slow from stuck (minimum 50ms)", c.MinIdle)
+	}
+	if err := c.Busy.validate(); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Scenarios {
@@ -260,7 +286,9 @@ type Report struct {
 	Events  int
 	Results []Result
 	// Usage holds the usage scenarios' cells, the second table.
-	Usage   []UsageResult
+	Usage []UsageResult
+	// Busy holds usage-busy-customer's sides, the third table.
+	Busy    []BusyResult
 	Skipped []Skip
 	Elapsed time.Duration
 }
@@ -307,7 +335,8 @@ func (r Report) Failures() []string {
 		}
 	}
 	out = append(out, r.usageFailures()...)
-	if len(r.Results) == 0 && len(r.Usage) == 0 {
+	out = append(out, r.busyFailures()...)
+	if len(r.Results) == 0 && len(r.Usage) == 0 && len(r.Busy) == 0 {
 		out = append(out, "no scenario ran")
 	}
 	return out
@@ -324,7 +353,8 @@ func Dollars(cents int64) string {
 
 // Incomplete reports whether a cell did not finish.
 func (r Report) Incomplete() bool {
-	return slices.ContainsFunc(r.Results, Result.Failed) || slices.ContainsFunc(r.Usage, UsageResult.Failed)
+	return slices.ContainsFunc(r.Results, Result.Failed) || slices.ContainsFunc(r.Usage, UsageResult.Failed) ||
+		slices.ContainsFunc(r.Busy, BusyResult.Failed)
 }
 
 // Run runs the configured scenarios, each in its modes (a usage scenario's
@@ -367,6 +397,18 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 				total -= len(modesOf(sc))
 				continue
 			}
+		}
+		if isVolume(sc) {
+			// Both sides at once, on the same production.
+			res, cellErrs := d.runBusyCells(ctx, sc, n, total)
+			n += len(res)
+			if ctx.Err() != nil {
+				rep.Elapsed = time.Since(start)
+				return rep, fmt.Errorf("%s: %w", sc, errors.Join(append(cellErrs, ctx.Err())...))
+			}
+			rep.Busy = append(rep.Busy, res...)
+			errs = append(errs, cellErrs...)
+			continue
 		}
 		if isUsage(sc) {
 			// A usage scenario's three modes run at once: each cell has

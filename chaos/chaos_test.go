@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 func chargeScenarios() []string {
 	var out []string
 	for _, s := range Scenarios {
-		if !s.Usage {
+		if !s.Usage && !s.Volume {
 			out = append(out, s.Name)
 		}
 	}
@@ -350,6 +350,9 @@ func TestHTMLExplainsEachScenario(t *testing.T) {
 	}
 	for _, u := range rep.Usage {
 		ran[u.Scenario] = true
+	}
+	for _, b := range rep.Busy {
+		ran[b.Scenario] = true
 	}
 	for _, s := range Scenarios {
 		if want := template.HTMLEscapeString(Explain(s.Name)); ran[s.Name] != strings.Contains(h, want) {

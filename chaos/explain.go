@@ -20,6 +20,10 @@ var explained = map[string]string{
 		"without an identifier they are counted twice, pelguard's ledger knows they were sent.",
 	ScenarioUsage25hGap: "Replies and acknowledgements are lost and the events come back 25 hours later, past Stripe's 24-hour window for " +
 		"identifiers, so even a sender with an identifier has them counted twice; pelguard's ledger does not send them again.",
+	ScenarioUsageBusyCustomer: "One customer sends hundreds of usage events a second beside many quiet customers while Stripe takes 100 ms per call; " +
+		"senders that make one call per event fall further behind every second, the quiet customers' events queued behind the busy one's, " +
+		"so invoices closed meanwhile under-bill everyone; pelguard records each event in its ledger at once and sends one call per customer " +
+		"and second carrying that second's sum, so Stripe's count keeps up and every event is counted once.",
 }
 
 // Explain is the scenario in one sentence ("" for an unknown name).

@@ -15,7 +15,7 @@ import (
 // skipped scenario with its reason, and, when a cell failed, why and that
 // the verdicts do not hold: a pasted table must not pass for a clean run.
 func (r Report) WriteTable(w io.Writer) error {
-	if len(r.Results) > 0 || len(r.Usage) == 0 {
+	if len(r.Results) > 0 || (len(r.Usage) == 0 && len(r.Busy) == 0) {
 		if err := r.writeChargeTable(w); err != nil {
 			return err
 		}
@@ -27,6 +27,16 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 		}
 		if err := r.writeUsageTable(w); err != nil {
+			return err
+		}
+	}
+	if len(r.Busy) > 0 {
+		if len(r.Results) > 0 || len(r.Usage) > 0 {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+		}
+		if err := r.writeBusyTable(w); err != nil {
 			return err
 		}
 	}
@@ -46,6 +56,13 @@ func (r Report) WriteTable(w io.Writer) error {
 		}
 	}
 	for _, x := range r.Usage {
+		if x.Failed() {
+			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
+				return err
+			}
+		}
+	}
+	for _, x := range r.Busy {
 		if x.Failed() {
 			if _, err := fmt.Fprintf(w, "FAILED %s/%s: %s\n", x.Scenario, x.Mode, x.Error); err != nil {
 				return err
@@ -94,12 +111,14 @@ func (r Report) writeUsageTable(w io.Writer) error {
 // refunded and net_duplicates; and "usage", objects with exactly scenario,
 // mode, events, customers, expected_units, stripe_units, overcount_units,
 // overcount_events, overcounted_customers, undercount_units, parked and
-// alerted. A row whose cell did not finish also has error.
+// alerted; and, only when usage-busy-customer ran, "busy_customer", objects
+// with BusyResult's fields. A row whose cell did not finish also has error.
 func (r Report) WriteJSON(w io.Writer) error {
 	out := struct {
 		Charges []Result      `json:"charges"`
 		Usage   []UsageResult `json:"usage"`
-	}{r.Results, r.Usage}
+		Busy    []BusyResult  `json:"busy_customer,omitempty"`
+	}{r.Results, r.Usage, r.Busy}
 	if out.Charges == nil {
 		out.Charges = []Result{}
 	}
@@ -142,6 +161,9 @@ type htmlData struct {
 	When     string
 	// Explained are the scenarios this run ran, each in a sentence.
 	Explained []explainedScenario
+	// BusyChart is usage-busy-customer's chart (busyout.go); nil when it
+	// did not run.
+	BusyChart *busyChart
 }
 
 type explainedScenario struct{ Name, FailureMode, Sentence string }
@@ -160,7 +182,7 @@ func (r Report) htmlData() htmlData {
 		maxV = max(maxV, x.Charges, x.DuplicateCharges)
 	}
 	scale := func(v int) int { return v * plotH / maxV }
-	d := htmlData{Report: r, Base: top + plotH, Failures: r.Failures(), When: time.Now().UTC().Format(time.RFC3339)}
+	d := htmlData{Report: r, Base: top + plotH, Failures: r.Failures(), When: time.Now().UTC().Format(time.RFC3339), BusyChart: r.busyChartOf()}
 	x := left + gap
 	for _, res := range r.Results {
 		for i, v := range []struct {
@@ -185,6 +207,9 @@ func (r Report) htmlData() htmlData {
 	}
 	for _, u := range r.Usage {
 		ran[u.Scenario] = true
+	}
+	for _, b := range r.Busy {
+		ran[b.Scenario] = true
 	}
 	for _, sc := range Scenarios {
 		if ran[sc.Name] {
@@ -238,11 +263,13 @@ from the meter's event summaries against what the customer's events add up to.</
 <tr><th>usage scenario</th><th>mode</th><th>events</th><th>customers</th><th>expected units</th><th>Stripe units</th><th>over-count units</th><th>over-count events</th><th>customers over-counted</th><th>under-count units</th><th>parked (alerted)</th>{{if .Report.Incomplete}}<th>status</th>{{end}}</tr>
 {{range .Report.Usage}}<tr class="{{.Mode}}{{if .Failed}} failed{{end}}"><td>{{.Scenario}}</td><td>{{.Mode}}</td><td>{{.Events}}</td><td>{{.Customers}}</td><td>{{.ExpectedUnits}}</td><td>{{.StripeUnits}}</td><td>{{.OverCountUnits}}</td><td>{{.OverCountEvents}}</td><td>{{.OverCountedCustomers}}</td><td>{{.UnderCountUnits}}</td><td>{{.Parked}} ({{.Alerted}})</td>{{if $.Report.Incomplete}}<td class="{{if .Failed}}bad{{else}}ok{{end}}">{{if .Failed}}FAILED: {{.Error}}{{else}}finished{{end}}</td>{{end}}</tr>
 {{end}}</table>{{end}}
+{{template "busy" .}}
 {{range .Report.Skipped}}<p class="bad">SKIPPED {{.Scenario}}: {{.Reason}}</p>
 {{end}}{{if .Report.Incomplete}}<h2 class="bad">Verdicts do not hold: the run is incomplete</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
 {{else if .Failures}}<h2 class="bad">Verdicts do not hold</h2><ul>{{range .Failures}}<li>{{.}}</li>{{end}}</ul>
 {{else}}<p class="ok"><strong>Verdicts hold:</strong>{{if .Report.Results}} the naive code double-charged in every scenario, pelguard never did,
 the auditor flagged every duplicate and the refunds left none.{{end}}{{if .Report.Usage}} The naive meter sender over-counted usage
-(with an identifier, past Stripe's window), pelguard counted every customer's usage exactly.{{end}}</p>{{end}}
+(with an identifier, past Stripe's window), pelguard counted every customer's usage exactly.{{end}}{{if .Report.Busy}} At volume the
+naive senders fell behind every customer, pelguard counted every event exactly once within the bound.{{end}}</p>{{end}}
 </body></html>
 `))

@@ -94,6 +94,16 @@ func (p *progress) finishUsage(c *cell, r UsageResult) {
 		r.Events, r.ExpectedUnits, r.StripeUnits, r.OverCountUnits, r.OverCountEvents, r.Parked, r.Elapsed.Seconds()))
 }
 
+// finishBusy writes a busy-customer side's result line.
+func (p *progress) finishBusy(c *cell, r BusyResult) {
+	caught := fmt.Sprintf("not all counted %gs after production", r.BoundSeconds)
+	if r.CaughtUp() {
+		caught = fmt.Sprintf("all counted %.1fs after production", r.CaughtUpSeconds)
+	}
+	p.line(c, fmt.Sprintf("%d of %d events counted, %s, %d Stripe calls, in %.1fs",
+		r.Counted, r.Produced, caught, r.StripeCalls, r.Elapsed.Seconds()))
+}
+
 // fail writes a cell's failure line; c is nil when the cell could not even
 // be set up (then the label is made from n, total, scenario and mode).
 func (p *progress) fail(c *cell, n, total int, scenario, mode string, elapsed time.Duration, why string) {

@@ -151,6 +151,9 @@ type usageCell struct {
 	// callsAtGap is the emulator's meter-event answers when usage-25h-gap's
 	// day has passed (-1: no gap).
 	callsAtGap int64
+	// tune, when set, adjusts the meter consumers' configuration (the
+	// busy-customer scenario runs them as deployed: busy.go).
+	tune func(*consumer.MeterConfig)
 }
 
 // meterCalls counts every answer the emulator gave to a meter-event call.
@@ -304,11 +307,15 @@ func (c *cell) meterConfig(name string, sc consumer.MeterSender, rdb redis.Unive
 	if rdb == nil {
 		rdb = c.rdb
 	}
-	return consumer.MeterConfig{
+	cfg := consumer.MeterConfig{
 		Redis: rdb, DB: c.pool, Schema: c.schema, Stripe: sc, Stream: c.stream, Group: c.group,
 		Name: name, Namespace: namespace, Count: 10, Block: 50 * time.Millisecond, Workers: 4,
 		Lease: lease(c.d.cfg.MinIdle), Notifier: c.usage.alerts, Logger: c.log, Clock: c.clk,
 	}
+	if c.usage.tune != nil {
+		c.usage.tune(&cfg)
+	}
+	return cfg
 }
 
 // startPelguardMeter runs pelguard on the meter stream until the rig

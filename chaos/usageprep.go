@@ -48,7 +48,7 @@ func (d *drill) prepareUsageSchema(ctx context.Context, scenarios []string) *sch
 	ctx, cancel := context.WithCancel(ctx)
 	p := &schemaPrep{done: make(chan struct{}), cancel: cancel, begin: make(chan struct{})}
 	for _, sc := range scenarios {
-		if isUsage(sc) && (sc != ScenarioUsageAOFRollback || redisServerMissing() == "") {
+		if (isUsage(sc) || isVolume(sc)) && (sc != ScenarioUsageAOFRollback || redisServerMissing() == "") {
 			p.needed = true
 		}
 	}

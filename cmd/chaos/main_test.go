@@ -80,7 +80,8 @@ func TestUsageErrors(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 ||
-		!strings.Contains(stderr.String(), "aof-rollback") || !strings.Contains(stderr.String(), "usage-25h-gap") {
+		!strings.Contains(stderr.String(), "aof-rollback") || !strings.Contains(stderr.String(), "usage-25h-gap") ||
+		!strings.Contains(stderr.String(), "usage-busy-customer") {
 		t.Errorf("--help: exit %d: %s", code, stderr.String())
 	}
 }

@@ -55,12 +55,7 @@ func TestBrowserWalkConsumersAndUsage(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- mc.Run(mctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	// A meter consumer on a fresh schema first makes meter_events' 40-odd
-	// daily partitions, each with its indexes: seconds on a loaded machine.
-	testenv.Eventually(t, 90*time.Second, func() bool {
-		st, err := consumer.ReadStats(ctx, w.rdb, meters, "meters", []string{"meter-walk"})
-		return err == nil && st["meter-walk"].Events == n
-	}, "the meter consumer handles %d events", n)
+	w.waitMeterHandled(t, meters, "meters", "meter-walk", done, n)
 
 	bctx := browser(t, 1280, 900)
 	if err := chromedp.Do(bctx, w.browserLogin("alice")...); err != nil {

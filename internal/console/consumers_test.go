@@ -109,12 +109,7 @@ func TestConsumersPanelStatesAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = bc.Stop(context.Background()) })
-	// A meter consumer on a fresh schema first makes meter_events' 40-odd
-	// daily partitions, each with its indexes: seconds on a loaded machine.
-	testenv.Eventually(t, 90*time.Second, func() bool {
-		st, err := consumer.ReadStats(ctx, b.rdb, meters, "meters", []string{"meter-running"})
-		return err == nil && st["meter-running"].Events == n
-	}, "the meter consumer publishes %d events handled", n)
+	b.waitMeterHandled(t, meters, "meters", "meter-running", meterDone, n)
 	for i := range n {
 		if got := len(b.sim.MeterEvents("api_requests", fmt.Sprintf("cus_m%d", i))); got != 1 {
 			t.Fatalf("cus_m%d: %d meter events at the emulator, want 1", i, got)
