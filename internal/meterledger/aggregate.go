@@ -159,7 +159,7 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	}
 	var sec, bucket int64
 	err = tx.QueryRow(ctx, `SELECT `+secondSQL("m")+`, `+bucketSQL("m")+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued' AND NOT m.outcome_unknown
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
 			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint
 		ORDER BY m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready).Scan(&sec, &bucket)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -170,7 +170,7 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	}
 	second := time.Unix(sec, 0).UTC()
 	rows, err := tx.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued' AND NOT m.outcome_unknown
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
 			AND m.event_ts >= $4 AND m.event_ts < $5 AND `+bucketSQL("m")+` = $6::bigint
 		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Second), bucket)
 	if err != nil {
@@ -190,17 +190,37 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	}
 	ids := make([]string, len(members))
 	var sum int64
+	var unknown bool
+	firstSent := now
 	for i, m := range members {
 		ids[i], sum = m.Identifier, sum+m.Value
+		if m.OutcomeUnknown {
+			// Queued again by a repair: it may have been sent in an
+			// aggregate the rollback lost (with its witness), which had
+			// these same members (fixed by the stream). Formed of unknown
+			// outcome since its ingest, and left to a takeover: re-sent
+			// under the same identifier within the safe window, parked
+			// with its members past it — never sent on its own.
+			unknown = true
+			if !m.FirstSentAt.IsZero() {
+				firstSent = minTime(firstSent, m.FirstSentAt)
+			}
+		}
 	}
 	a = Aggregate{Identifier: aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids), Stream: stream,
 		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, ArrivalSecond: bucket, LateJoin: earlier > 0,
 		Value: sum, Members: len(members), Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1,
 		LeaseOwner: owner, slotToken: tok}
+	holder, exp := &owner, new(time.Time)
+	*exp = now.Add(lease)
+	if unknown {
+		holder, exp, a.FirstSentAt, a.OutcomeUnknown, a.LeaseOwner = nil, nil, firstSent, true, ""
+	}
 	if err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
-			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $9, $12) RETURNING epoch`,
-		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, now, owner, now.Add(lease), bucket).Scan(&a.Epoch); err != nil {
+			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $13, $12, $14) RETURNING epoch`,
+		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, a.FirstSentAt, holder, exp, bucket,
+		now, unknown).Scan(&a.Epoch); err != nil {
 		return a, nil, false, fmt.Errorf("recording meter aggregate: %w", err)
 	}
 	ts, mids := make([]time.Time, len(members)), make([]string, len(members))
@@ -209,10 +229,19 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	}
 	// Members are sending with no lease of their own: the aggregate's
 	// lease and epoch fence them (FinishAggregate writes them with it).
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1, first_sent_at = $2
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1,
+			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $2 END
 		FROM unnest($3::timestamptz[], $4::text[]) AS u(ts, id)
 		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($3)`, a.Identifier, now, ts, mids); err != nil {
 		return a, nil, false, fmt.Errorf("recording meter aggregate members: %w", err)
+	}
+	if unknown {
+		// No call now: the slot is freed and the next round's takeover
+		// (StaleAggregates) decides it.
+		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE token = $1`, tok); err != nil {
+			return a, nil, false, err
+		}
+		return a, members, false, tx.Commit(ctx)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_inflight SET identifier = $1, event_ts = $2 WHERE token = $3`,
 		a.Identifier, second, tok); err != nil {
@@ -415,4 +444,11 @@ func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, r
 		return res, nil
 	}
 	return res, tx.Commit(ctx)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -92,3 +92,63 @@ func TestAggregateMembersAreFixedByTheStream(t *testing.T) {
 		t.Fatal("formed again with nothing queued")
 	}
 }
+
+// Members a repair queued again of unknown outcome (their queued witness
+// said they may have been sent since, in an aggregate the rollback lost
+// with its witness) are never sent on their own: their bucket is formed
+// as usual (the same members, so the same identifier as the lost one), of
+// unknown outcome since their ingest, and left to a takeover: re-sent
+// under that identifier within the safe window, parked past it.
+func TestAggregateOfUnknownMembersIsLeftToATakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sec := t0.Add(-time.Minute)
+	s := sec.Unix()
+	reqs := []meterledger.IngestRequest{
+		ingestReq(mev("cus_u", "tokens", 4, sec), fmt.Sprintf("%d-0", (s+2)*1000)),
+		ingestReq(mev("cus_u", "tokens", 6, sec.Add(time.Millisecond)), fmt.Sprintf("%d-1", (s+2)*1000)),
+	}
+	b.ingest(t, reqs...)
+	if _, err := b.pool.Exec(ctx, `UPDATE meter_events SET outcome_unknown = true WHERE identifier = $1`, reqs[0].Identifier); err != nil {
+		t.Fatal(err)
+	}
+	a, ms, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_u", time.Unix(s+10, 0), "c", time.Minute)
+	want := meterledger.AggregateIdentifier("test", "tokens", "cus_u", sec, []string{reqs[0].Identifier, reqs[1].Identifier})
+	if err != nil || ok || len(ms) != 2 || a.Identifier != want || !a.OutcomeUnknown {
+		t.Fatalf("forming with a member of unknown outcome: ok %v (want false: not sent now), %d members, %s unknown %v (%v); want %s",
+			ok, len(ms), a.Identifier, a.OutcomeUnknown, err, want)
+	}
+	stale, err := b.l.StaleAggregates(ctx, "usage", 10)
+	if err != nil || len(stale) != 1 || stale[0].Identifier != want {
+		t.Fatalf("stale aggregates: %+v (%v), want %s for a takeover", stale, err, want)
+	}
+	if d, got, _, err := b.l.TakeOverAggregate(ctx, stale[0], "live", time.Minute); err != nil || d != meterledger.TakenOver || got.Identifier != want || got.Value != 10 {
+		t.Fatalf("takeover within the window: %v %s %d (%v)", d, got.Identifier, got.Value, err)
+	}
+
+	// Past the safe window of the members' ingest: parked with them.
+	more := ingestReq(mev("cus_v", "tokens", 3, sec), fmt.Sprintf("%d-2", (s+2)*1000))
+	b.ingest(t, more)
+	if _, err := b.pool.Exec(ctx, `UPDATE meter_events SET outcome_unknown = true WHERE identifier = $1`, more.Identifier); err != nil {
+		t.Fatal(err)
+	}
+	b.clk.Advance(meterledger.DefaultSafeWindow + time.Minute)
+	if _, _, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_v", time.Unix(s+10, 0), "c", time.Minute); err != nil || ok {
+		t.Fatalf("forming past the window: ok %v (%v), want not sent", ok, err)
+	}
+	stale, err = b.l.StaleAggregates(ctx, "usage", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range stale {
+		if st.StripeCustomerID != "cus_v" {
+			continue
+		}
+		if d, _, _, err := b.l.TakeOverAggregate(ctx, st, "live", time.Minute); err != nil || d != meterledger.Parked {
+			t.Fatalf("past the window: %v (%v), want parked", d, err)
+		}
+		return
+	}
+	t.Fatalf("no stale aggregate of cus_v among %d", len(stale))
+}
