@@ -67,13 +67,12 @@ type MeterConfig struct {
 	SendFromLedger bool
 	// AggregateMeters are the event names of sum meters: with
 	// SendFromLedger, one call carries the sum of a customer's queued
-	// events of one timestamp second. Never a count or last meter: Stripe
-	// would count one event, or keep one value. Not offered by the
-	// command line yet: when Redis loses its writes in the same incident
-	// as a Postgres failover that loses an aggregate Stripe counted, its
-	// members come back and are aggregated again under another identifier
-	// (counted twice; DESIGN.md "Usage at volume"). Set it only where
-	// Redis keeps its writes through a Postgres failover.
+	// events of one timestamp second whose entries arrived in one second,
+	// formed once the group's ingest watermark has passed that second, so
+	// its members (and identifier) are fixed by the stream, the same after
+	// a rollback of Redis and Postgres together (DESIGN.md "Usage at
+	// volume"). Never a count or last meter: Stripe would count one event,
+	// or keep one value (the command line checks the account's meters).
 	AggregateMeters []string
 	Witness         LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and

@@ -13,14 +13,18 @@ import (
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/meterwitness"
+	"github.com/pelguard/pelguard/internal/watermark"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
 // Per-second aggregates of sum meters (MeterConfig.AggregateMeters): one
-// call carries the sum of a customer-meter's queued events of one second,
-// under an identifier saved with its members before the first call
-// (meterledger.FormAggregate) and witnessed before it, so a re-send after a
-// crash, a lost reply or a ledger rollback is the same call.
+// call carries the sum of a customer-meter's queued events of one second
+// that arrived in one arrival bucket, formed once the group's ingest
+// watermark has passed the bucket (so its members are fixed by the
+// stream), under an identifier saved with its members before the first
+// call (meterledger.FormAggregate) and witnessed before it, so a re-send
+// after a crash, a lost reply or a ledger rollback — of Redis too — is the
+// same call.
 
 type aggWork struct {
 	agg     meterledger.Aggregate
@@ -28,6 +32,7 @@ type aggWork struct {
 	out     meterledger.Outcome
 	keyErr  error
 	missing bool
+	paused  bool // paused before its call: not sent
 }
 
 // sendAggregates takes over and re-sends stale aggregates of the stream
@@ -80,7 +85,7 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 			return 0, err // not sent: taken over again once the lease lapses
 		}
 	}
-	return len(work), c.finishAggregates(ctx, work, dead, sent)
+	return c.finishAggregates(ctx, work, dead, sent)
 }
 
 // aggregateWitness is the meter witness of aggregate a with its members.
@@ -96,6 +101,16 @@ func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) met
 // formAndSend forms the aggregate of each candidate's second (one per
 // customer-meter), witnesses it, and sends it.
 func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, error) {
+	if c.paused() {
+		return 0, nil
+	}
+	// The group's ingest watermark, read once for the round: a bucket is
+	// formed only once it has passed the bucket's end, so its members are
+	// fixed by the stream (meterledger.FormAggregate).
+	mark, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	if err != nil {
+		return 0, err
+	}
 	var work []*aggWork
 	var wit []meterwitness.Sent
 	var mu sync.Mutex
@@ -104,7 +119,7 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	// Workers transactions together.
 	parallel(c.cfg.Workers, len(cands), func(i int) {
 		r := cands[i]
-		a, members, ok, err := c.ledger.FormAggregate(ctx, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, r.EventTS,
+		a, members, ok, err := c.ledger.FormAggregate(ctx, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, mark.Time(),
 			c.cfg.Name, c.cfg.Lease)
 		mu.Lock()
 		defer mu.Unlock()
@@ -114,6 +129,14 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		}
 		if !ok {
 			return
+		}
+		if a.LateJoin {
+			// Its events' entries were below the watermark when the bucket
+			// was first formed, yet queued after: counted once here, but a
+			// rollback of both stores would form the bucket differently.
+			c.cfg.Logger.Warn("meter events joined an aggregate bucket formed before; sent as another aggregate",
+				"stream", c.cfg.Stream, "identifier", a.Identifier, "event_name", a.EventName, "second", a.Second.Unix(),
+				"arrival_second", a.ArrivalSecond, "members", a.Members)
 		}
 		work = append(work, &aggWork{agg: a, members: members})
 		wit = append(wit, aggregateWitness(a, members))
@@ -131,13 +154,13 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	if err := c.recordSent(dctx, wit); err != nil {
 		return 0, err
 	}
-	return len(work), c.finishAggregates(ctx, work, nil, nil)
+	return c.finishAggregates(ctx, work, nil, nil)
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with
 // its members, witnesses them and dead-letters refusals from the ledger's
-// copies of the members' entries.
-func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, dead []Dead, sent []meterwitness.Sent) error {
+// copies of the members' entries. It returns the calls made.
+func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, dead []Dead, sent []meterwitness.Sent) (int, error) {
 	slots := make(chan struct{}, c.cfg.Workers)
 	var wg sync.WaitGroup
 	for _, w := range work {
@@ -146,6 +169,12 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			a := w.agg
+			if c.paused() {
+				// The operator's pause, checked before each call as the
+				// per-event sends do: no call (unformAggregates).
+				w.paused = true
+				return
+			}
 			start := time.Now()
 			_, err := c.cfg.Stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: a.EventName, StripeCustomerID: a.StripeCustomerID,
 				Value: a.Value, Identifier: a.Identifier, Timestamp: a.Second})
@@ -168,6 +197,17 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	errs := make([]error, len(work))
 	parallel(c.cfg.Workers, len(work), func(i int) {
 		w := work[i]
+		if w.paused {
+			// Never sent: a first attempt is undone (its members queued
+			// again, formed again on resume under the same identifier); a
+			// taken-over one stays sending, of unknown outcome as it was.
+			var undone bool
+			if undone, errs[i] = c.ledger.UnformAggregate(fctx, w.agg); errs[i] == nil && !undone {
+				_, errs[i] = c.ledger.FinishAggregate(fctx, w.agg, meterledger.Release, "paused before the call")
+			}
+			results[i] = meterledger.Release
+			return
+		}
 		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
 		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
 			memberRows[i], errs[i] = c.ledger.Members(fctx, w.agg.Identifier)
@@ -214,14 +254,20 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	defer cancel()
 	if len(sent) > 0 {
 		if err := c.cfg.Witness.Mirror(dctx); err != nil {
-			return err
+			return 0, err
 		}
 		if err := c.recordSent(dctx, sent); err != nil {
-			return err
+			return 0, err
+		}
+	}
+	calls := 0
+	for _, w := range work {
+		if !w.paused {
+			calls++
 		}
 	}
 	var b MeterBatch
-	return cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
+	return calls, cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
 }
 
 // parallel runs fn(0..n-1), at most width at once.
@@ -254,3 +300,6 @@ func msgOf(m meterledger.Record) redis.XMessage {
 	}
 	return msg
 }
+
+// paused reports the operator's pause of the stream (MeterConfig.Paused).
+func (c *MeterConsumer) paused() bool { return c.cfg.Paused != nil && c.cfg.Paused() }

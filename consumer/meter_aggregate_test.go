@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
+	"github.com/pelguard/pelguard/internal/watermark"
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
@@ -123,9 +125,9 @@ func TestAggregateOfADeadConsumerIsCountedOnce(t *testing.T) {
 	// The dead consumer formed the aggregate and its call got through; it
 	// died before recording the outcome.
 	l := b.meterLedger(t)
-	a, members, ok, err := l.FormAggregate(ctx, "test", b.stream, meterName, "cus_1", sec, "dead", 500*time.Millisecond)
-	if err != nil || !ok || len(members) != 3 {
-		t.Fatalf("forming: ok %v, %d members (%v)", ok, len(members), err)
+	a, members := b.formWhenReady(t, l, "cus_1", "dead", 500*time.Millisecond)
+	if len(members) != 3 || a.Second != sec {
+		t.Fatalf("formed %s of %d members, want the 3 of %s", a.Second, len(members), sec)
 	}
 	if _, err := b.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: meterName, StripeCustomerID: "cus_1", Value: a.Value,
 		Identifier: a.Identifier, Timestamp: a.Second}); err != nil {
@@ -150,8 +152,19 @@ func TestAggregateOfADeadConsumerIsCountedOnce(t *testing.T) {
 	if _, err := live.ProcessBatch(ctx, b.read(t, "live", 10)); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := live.SendRound(ctx); err != nil || n != 1 {
-		t.Fatalf("the late event's round: %d calls (%v)", n, err)
+	// It arrived after the first aggregate was formed: another arrival
+	// bucket, formed once the ingest watermark has passed it.
+	calls := 0
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n, err := live.SendRound(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls += n
+		return calls > 0
+	}, "the late event's aggregate was never formed")
+	if calls != 1 {
+		t.Fatalf("the late event's rounds: %d calls, want 1", calls)
 	}
 	if got, want := b.sim.MeterTotal(meterName, "cus_1"), sums(append(evs, late))["cus_1"]; got != want {
 		t.Fatalf("after the late event Stripe counts %d, the events add up to %d", got, want)
@@ -180,10 +193,7 @@ func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := b.meterLedger(t)
-	a, _, ok, err := l.FormAggregate(ctx, "test", b.stream, meterName, "cus_2", sec, "dead", 3*time.Second)
-	if err != nil || !ok {
-		t.Fatalf("forming: %v %v", ok, err)
-	}
+	a, _ := b.formWhenReady(t, l, "cus_2", "dead", 3*time.Second)
 	clk.Advance(meterledger.DefaultSafeWindow + time.Minute)
 	if n, err := c.SendRound(ctx); err != nil || n != 0 {
 		t.Fatalf("round past the window: %d calls (%v), want none", n, err)
@@ -198,6 +208,100 @@ func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 	}
 	if n := b.deadLetters(t); n != 2 {
 		t.Fatalf("%d dead letters, want the 2 members (parked)", n)
+	}
+}
+
+// formWhenReady forms customer's aggregate as the consumer named owner
+// would, once the group's ingest watermark has passed its arrival bucket.
+func (b *bundle) formWhenReady(t *testing.T, l *meterledger.Ledger, customer, owner string, lease time.Duration) (meterledger.Aggregate, []meterledger.Record) {
+	t.Helper()
+	var a meterledger.Aggregate
+	var members []meterledger.Record
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		mark, err := watermark.Read(context.Background(), b.rdb, b.stream, b.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		a, members, ok, err = l.FormAggregate(context.Background(), "test", b.stream, meterName, customer, mark.Time(), owner, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}, "%s's aggregate was never ready", customer)
+	return a, members
+}
+
+// The operator's pause is checked before each aggregate's call, not only
+// at the start of a round: paused once the round has formed its aggregate,
+// the round makes no call, the aggregate is undone (its members queued
+// again, its slot free), and on resume the same members form it again
+// under the same identifier: counted once.
+func TestAggregatePausedBeforeItsCallIsNotSent(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	b := meterWorld(t, now)
+	sec := now.Add(-time.Minute).Truncate(time.Second)
+	evs := []event.MeterEvent{meterEvent(3, 0, sec), meterEvent(3, 1, sec.Add(300*time.Millisecond))}
+	b.addMeter(t, evs...)
+	ctx := context.Background()
+	schema := testenv.SchemaOf(b.pool)
+	// Paused as soon as an aggregate exists: between its formation and
+	// its call, as an operator's pause can fall.
+	var resumed, sawFormed atomic.Bool
+	paused := func() bool {
+		if resumed.Load() {
+			return false
+		}
+		var formed bool
+		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.meter_aggregates)`).Scan(&formed); err != nil {
+			t.Error(err)
+		}
+		if formed {
+			sawFormed.Store(true)
+		}
+		return formed
+	}
+	c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: b.rdb, DB: b.pool, Schema: schema, Stripe: b.stripe,
+		Stream: b.stream, Group: b.group, Name: "c", Namespace: "test", Block: 50 * time.Millisecond, Lease: 3 * time.Second,
+		Logger: testenv.Logger(t), Clock: b.clk, SendFromLedger: true, AggregateMeters: []string{meterName}, Paused: paused})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ProcessBatch(ctx, b.read(t, "c", 10)); err != nil {
+		t.Fatal(err)
+	}
+	// Rounds until the ingest watermark has passed the events' arrival
+	// second and one forms the aggregate.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n, err := c.SendRound(ctx)
+		if err != nil || n != 0 {
+			t.Fatalf("a round paused before its call: %d calls (%v), want none", n, err)
+		}
+		return sawFormed.Load()
+	}, "the aggregate was never formed")
+	var formed string
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(max(aggregate), '') FROM `+schema+`.meter_events`).Scan(&formed); err != nil {
+		t.Fatal(err)
+	}
+	var queued, aggs, slots int
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'queued' AND aggregate IS NULL),
+		(SELECT count(*) FROM `+schema+`.meter_aggregates), (SELECT count(*) FROM `+schema+`.meter_inflight)`).Scan(&queued, &aggs, &slots); err != nil {
+		t.Fatal(err)
+	}
+	if queued != 2 || aggs != 0 || slots != 0 || formed != "" || b.sim.MeterEventCounts().Recorded != 0 {
+		t.Fatalf("paused before the call: %d members queued, %d aggregates, %d slots held, %d Stripe calls; want 2, 0, 0, 0",
+			queued, aggs, slots, b.sim.MeterEventCounts().Recorded)
+	}
+	resumed.Store(true)
+	if n, err := c.SendRound(ctx); err != nil || n != 1 {
+		t.Fatalf("the round after resume: %d calls (%v), want 1", n, err)
+	}
+	ids := []string{evs[0].Identifier("test"), evs[1].Identifier("test")}
+	want := meterledger.AggregateIdentifier("test", meterName, "cus_3", sec, ids)
+	got := b.sim.MeterEvents(meterName, "cus_3")
+	if len(got) != 1 || got[0].Identifier != want || b.sim.MeterTotal(meterName, "cus_3") != sums(evs)["cus_3"] {
+		t.Fatalf("Stripe has %+v, want one event %s of value %d", got, want, sums(evs)["cus_3"])
 	}
 }
 

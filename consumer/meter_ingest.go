@@ -151,7 +151,7 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 	var perEvent []meterledger.Record
 	for _, r := range recs {
 		switch {
-		case r.Status == meterledger.StatusQueued && !r.OutcomeUnknown && slices.Contains(c.cfg.AggregateMeters, r.EventName):
+		case r.Status == meterledger.StatusQueued && slices.Contains(c.cfg.AggregateMeters, r.EventName):
 			if !c.cfg.Witness.Suspect() {
 				forms = append(forms, r)
 			}

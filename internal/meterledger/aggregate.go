@@ -34,28 +34,43 @@ type Aggregate struct {
 	EventName        string
 	StripeCustomerID string
 	Second           time.Time
-	Value            int64
-	Members          int
-	Digest           string
-	Status           Status
-	FirstSentAt      time.Time
-	Attempts         int
-	OutcomeUnknown   bool
-	Epoch            int64
-	LeaseOwner       string
-	LastError        string
-	slotToken        int64
+	// ArrivalSecond is the arrival bucket b of every member (0: formed
+	// before buckets were kept); LateJoin: formed after another aggregate
+	// of the same second and bucket (FormAggregate).
+	ArrivalSecond  int64
+	LateJoin       bool
+	Value          int64
+	Members        int
+	Digest         string
+	Status         Status
+	FirstSentAt    time.Time
+	Attempts       int
+	OutcomeUnknown bool
+	Epoch          int64
+	LeaseOwner     string
+	LastError      string
+	slotToken      int64
 }
 
 // AggregateIdentifier names the aggregate of members (their identifiers)
 // of one customer-meter's second, and Digest hashes members with their
 // values: both are saved before the first call, never recomputed.
 func AggregateIdentifier(namespace, eventName, stripeCustomerID string, second time.Time, members []string) string {
+	return aggregateIdentifier(namespace, eventName, stripeCustomerID, second, 0, members)
+}
+
+// aggregateIdentifier: late > 0 names the late-th late join of a bucket
+// formed before (its members differ from the first's; late keeps two
+// late joins of the same members, a replay of a refused aggregate, apart).
+func aggregateIdentifier(namespace, eventName, stripeCustomerID string, second time.Time, late int64, members []string) string {
 	ids := slices.Clone(members)
 	slices.Sort(ids)
+	head := []string{"pelguard-meter-aggregate-v1", namespace, eventName, stripeCustomerID, strconv.FormatInt(second.Unix(), 10)}
+	if late > 0 {
+		head = append(head, "late", strconv.FormatInt(late, 10))
+	}
 	h := sha256.New()
-	for _, f := range append([]string{"pelguard-meter-aggregate-v1", namespace, eventName, stripeCustomerID,
-		strconv.FormatInt(second.Unix(), 10)}, ids...) {
+	for _, f := range append(head, ids...) {
 		h.Write([]byte(strconv.Itoa(len(f)) + ":" + f))
 	}
 	return "pga_" + hex.EncodeToString(h.Sum(nil))[:48]
@@ -101,27 +116,63 @@ func takeSlot(ctx context.Context, tx pgx.Tx, sc, name, identifier string, secon
 	return got, err
 }
 
-// FormAggregate makes, in one transaction, the aggregate of stream's
-// queued events of (stripeCustomerID, eventName) in the second of second,
-// with the customer-meter's slot: its members move to sending under it.
-// ok is false when the slot is taken or nothing is queued for that second.
-func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, second time.Time,
+// The arrival bucket of a meter_events row m: b = max(a, s), a the second
+// its stream entry was added (its entry id's milliseconds / 1000; a row
+// without one, from before ingest kept it, takes s), s its timestamp's.
+func bucketSQL(m string) string {
+	sec := secondSQL(m)
+	return `greatest(coalesce(CASE WHEN ` + m + `.stream_message_id ~ '^[0-9]{1,18}-[0-9]{1,19}$'
+		THEN split_part(` + m + `.stream_message_id, '-', 1)::bigint / 1000 END, ` + sec + `), ` + sec + `)`
+}
+
+func secondSQL(m string) string { return `floor(extract(epoch FROM ` + m + `.event_ts))::bigint` }
+
+// FormAggregate makes, in one transaction, an aggregate of stream's queued
+// events of (stripeCustomerID, eventName), with the customer-meter's slot:
+// its members move to sending under it. The members are every queued
+// event with one key (timestamp second s, arrival bucket b = max(a, s),
+// a the second its entry was added), for the key of the oldest queued
+// event whose bucket ended at or before watermark, the group's ingest
+// watermark (internal/watermark): every entry below it was acked after its
+// row committed, so the bucket's members are all in the ledger and fixed
+// by the stream; the same entries re-delivered after a rollback of both
+// stores form the same aggregate under the same identifier. ok is false
+// when the slot is taken or no bucket is ready.
+//
+// A bucket formed before (a late join: a row queued after its bucket was
+// formed, though its entry was below the watermark then: a replay that
+// kept its entry, a restore, a Redis clock that stepped back) is formed
+// again as another aggregate of its late members (LateJoin; another
+// identifier): each counted once.
+func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, watermark time.Time,
 	owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
-	second = time.Unix(second.Unix(), 0).UTC()
+	ready := watermark.Unix() // buckets b < ready have ended at or before the watermark
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
 		return a, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	tok, err := takeSlot(ctx, tx, stripeCustomerID, eventName, "pga_forming", second, owner, now.Add(lease), now)
+	tok, err := takeSlot(ctx, tx, stripeCustomerID, eventName, "pga_forming", now, owner, now.Add(lease), now)
 	if err != nil || tok == 0 {
 		return a, nil, false, err
 	}
+	var sec, bucket int64
+	err = tx.QueryRow(ctx, `SELECT `+secondSQL("m")+`, `+bucketSQL("m")+` FROM {schema}.meter_events m
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
+			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint
+		ORDER BY m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready).Scan(&sec, &bucket)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a, nil, false, nil
+	}
+	if err != nil {
+		return a, nil, false, fmt.Errorf("finding a meter aggregate to form: %w", err)
+	}
+	second := time.Unix(sec, 0).UTC()
 	rows, err := tx.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued' AND m.aggregate IS NULL
-			AND m.event_ts >= $4 AND m.event_ts < $5 AND NOT m.outcome_unknown
-		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Second))
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
+			AND m.event_ts >= $4 AND m.event_ts < $5 AND `+bucketSQL("m")+` = $6::bigint
+		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Second), bucket)
 	if err != nil {
 		return a, nil, false, err
 	}
@@ -132,18 +183,44 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	if err != nil || len(members) == 0 {
 		return a, nil, false, err
 	}
+	var earlier int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM {schema}.meter_aggregates WHERE stream = $1 AND stripe_customer_id = $2
+		AND event_name = $3 AND second = $4 AND arrival_second = $5`, stream, stripeCustomerID, eventName, second, bucket).Scan(&earlier); err != nil {
+		return a, nil, false, err
+	}
 	ids := make([]string, len(members))
 	var sum int64
+	var unknown bool
+	firstSent := now
 	for i, m := range members {
 		ids[i], sum = m.Identifier, sum+m.Value
+		if m.OutcomeUnknown {
+			// Queued again by a repair: it may have been sent in an
+			// aggregate the rollback lost (with its witness), which had
+			// these same members (fixed by the stream). Formed of unknown
+			// outcome since its ingest, and left to a takeover: re-sent
+			// under the same identifier within the safe window, parked
+			// with its members past it — never sent on its own.
+			unknown = true
+			if !m.FirstSentAt.IsZero() {
+				firstSent = minTime(firstSent, m.FirstSentAt)
+			}
+		}
 	}
-	a = Aggregate{Identifier: AggregateIdentifier(namespace, eventName, stripeCustomerID, second, ids), Stream: stream,
-		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, Value: sum, Members: len(members),
-		Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1, LeaseOwner: owner, slotToken: tok}
+	a = Aggregate{Identifier: aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids), Stream: stream,
+		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, ArrivalSecond: bucket, LateJoin: earlier > 0,
+		Value: sum, Members: len(members), Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1,
+		LeaseOwner: owner, slotToken: tok}
+	holder, exp := &owner, new(time.Time)
+	*exp = now.Add(lease)
+	if unknown {
+		holder, exp, a.FirstSentAt, a.OutcomeUnknown, a.LeaseOwner = nil, nil, firstSent, true, ""
+	}
 	if err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
-			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $9) RETURNING epoch`,
-		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, now, owner, now.Add(lease)).Scan(&a.Epoch); err != nil {
+			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $13, $12, $14) RETURNING epoch`,
+		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, a.FirstSentAt, holder, exp, bucket,
+		now, unknown).Scan(&a.Epoch); err != nil {
 		return a, nil, false, fmt.Errorf("recording meter aggregate: %w", err)
 	}
 	ts, mids := make([]time.Time, len(members)), make([]string, len(members))
@@ -152,12 +229,22 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	}
 	// Members are sending with no lease of their own: the aggregate's
 	// lease and epoch fence them (FinishAggregate writes them with it).
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1, first_sent_at = $2
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1,
+			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $2 END
 		FROM unnest($3::timestamptz[], $4::text[]) AS u(ts, id)
 		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($3)`, a.Identifier, now, ts, mids); err != nil {
 		return a, nil, false, fmt.Errorf("recording meter aggregate members: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_inflight SET identifier = $1 WHERE token = $2`, a.Identifier, tok); err != nil {
+	if unknown {
+		// No call now: the slot is freed and the next round's takeover
+		// (StaleAggregates) decides it.
+		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE token = $1`, tok); err != nil {
+			return a, nil, false, err
+		}
+		return a, members, false, tx.Commit(ctx)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_inflight SET identifier = $1, event_ts = $2 WHERE token = $3`,
+		a.Identifier, second, tok); err != nil {
 		return a, nil, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -166,14 +253,46 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	return a, members, true, nil
 }
 
+// UnformAggregate undoes a formed aggregate that was never sent (an
+// operator's pause came between its formation and its call): it is
+// deleted, its members are queued again and the slot is freed, fenced by
+// the holder's epoch and slot. Its members are fixed by the stream, so
+// the aggregate formed again later is the same one, under the same
+// identifier (the witness of this one, if a rollback brings it back, names
+// the same call). A taken-over aggregate (attempted before) is not undone:
+// false.
+func (l *Ledger) UnformAggregate(ctx context.Context, a Aggregate) (bool, error) {
+	id, epoch, tok := a.hold()
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	tag, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_aggregates WHERE identifier = $1 AND epoch = $2 AND status = 'sending'
+		AND attempts = 1 AND NOT outcome_unknown`, id, epoch)
+	if err != nil || tag.RowsAffected() == 0 {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events SET status = 'queued', aggregate = NULL
+		WHERE aggregate = $1 AND status = 'sending'`, id); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE stripe_customer_id = $1 AND event_name = $2 AND token = $3`,
+		a.StripeCustomerID, a.EventName, tok); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
 var aggCols = `a.identifier, a.stream, a.event_name, a.stripe_customer_id, a.second, a.value, a.members, a.digest, a.status,
-	a.first_sent_at, a.attempts, a.outcome_unknown, a.epoch, coalesce(a.lease_owner, ''), coalesce(a.last_error, '')`
+	a.first_sent_at, a.attempts, a.outcome_unknown, a.epoch, coalesce(a.lease_owner, ''), coalesce(a.last_error, ''),
+	coalesce(a.arrival_second, 0)`
 
 func scanAggregate(r pgx.Row) (Aggregate, error) {
 	var a Aggregate
 	var st string
 	err := r.Scan(&a.Identifier, &a.Stream, &a.EventName, &a.StripeCustomerID, &a.Second, &a.Value, &a.Members, &a.Digest, &st,
-		&a.FirstSentAt, &a.Attempts, &a.OutcomeUnknown, &a.Epoch, &a.LeaseOwner, &a.LastError)
+		&a.FirstSentAt, &a.Attempts, &a.OutcomeUnknown, &a.Epoch, &a.LeaseOwner, &a.LastError, &a.ArrivalSecond)
 	a.Status, a.Second, a.FirstSentAt = Status(st), a.Second.UTC(), a.FirstSentAt.UTC()
 	return a, err
 }
@@ -325,4 +444,11 @@ func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, r
 		return res, nil
 	}
 	return res, tx.Commit(ctx)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -229,8 +229,9 @@ func (l *Ledger) Now() time.Time { return l.clock.Now() }
 func (l *Ledger) RestoreAggregate(ctx context.Context, a Aggregate) (bool, error) {
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
 	tag, err := l.pool.Exec(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
-			members, digest, status, first_sent_at, outcome_unknown, epoch, created_at)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, true, `+firstEpoch+`, $10
+			members, digest, status, first_sent_at, outcome_unknown, epoch, created_at, arrival_second)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, true, `+firstEpoch+`, $10,
+			(SELECT max(`+bucketSQL("m")+`) FROM {schema}.meter_events m WHERE m.aggregate = $1)
 		WHERE EXISTS (SELECT 1 FROM {schema}.meter_events WHERE aggregate = $1 AND status = 'sending')
 		ON CONFLICT DO NOTHING`, a.Identifier, a.Stream, a.EventName, a.StripeCustomerID, a.Second, a.Value, a.Members, a.Digest,
 		a.FirstSentAt, now)

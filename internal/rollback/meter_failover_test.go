@@ -84,6 +84,16 @@ func TestUsageThroughAFailoverWithAggregates(t *testing.T) {
 	meterDrill(t, meterDrillOpts{fromLedger: true, aggregate: true})
 }
 
+// And with Redis rolled back too: the second half's aggregates are lost
+// from both stores with their witnesses and acks; their entries are read
+// again with the same ids, so the same arrival buckets form the same
+// aggregates under the same identifiers, refused by Stripe as duplicates
+// (delivered): each customer counted once.
+func TestUsageThroughAFailoverWithAggregatesAndRedisRolledBack(t *testing.T) {
+	t.Parallel()
+	meterDrill(t, meterDrillOpts{redisRollsBack: true, fromLedger: true, aggregate: true})
+}
+
 const (
 	meterDrillMeter     = "api_calls"
 	meterDrillCustomers = 9

@@ -1,9 +1,13 @@
 package consumercli
 
 import (
+	"cmp"
 	"context"
 	"flag"
+	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/stripeapi"
 	"github.com/pelguard/pelguard/stripelimit"
 )
 
@@ -29,8 +34,13 @@ value a whole number (negative allowed), timestamp RFC 3339 or unix seconds with
 window (35 days back, 5 minutes ahead), event_id and customer_id optional. Two events with every
 field equal and no event_id are one event. Invalid events go to <stream>:dead with the reason.
 
-Stripe permissions (a restricted key): Billing Meter Events Write. Exit status: 0 stopped
-cleanly, 2 bad flags, 3 Redis or Postgres unreachable after --wait-for-deps.`
+With --send-from-ledger, events are recorded in the ledger and acked, then sent from it; with
+--aggregate-meters too, one call carries the sum of a customer's events of one second that
+arrived in one second, formed once every entry up to that second is in the ledger.
+
+Stripe permissions (a restricted key): Billing Meter Events Write; with --aggregate-meters also
+Billing Meters Read (checked at start). Exit status: 0 stopped cleanly, 2 bad flags, 3 Redis or
+Postgres unreachable after --wait-for-deps.`
 
 // MeterOptions are the flags of `consumer meter-events`.
 type MeterOptions struct {
@@ -42,10 +52,13 @@ type MeterOptions struct {
 	Workers        int
 	Pipeline       int
 	SendFromLedger bool
-	Lease          time.Duration
-	SafeWindow     time.Duration
+	// AggregateMeters: --aggregate-meters, comma-separated event names.
+	AggregateMeters string
+	Lease           time.Duration
+	SafeWindow      time.Duration
 
-	streams []cli.StreamGroup
+	streams   []cli.StreamGroup
+	aggregate []string
 }
 
 func (o *MeterOptions) register(fs *flag.FlagSet) {
@@ -58,6 +71,9 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
 	fs.BoolVar(&o.SendFromLedger, "send-from-ledger", false, "record each event in the ledger at ingest and ack it, and send from the ledger: "+
 		"a busy customer's backlog never delays another's; fences the ledger against per-event consumers for good")
+	fs.StringVar(&o.AggregateMeters, "aggregate-meters", "", "comma-separated event names of sum meters (NAME[,NAME]) whose events of one "+
+		"second go to Stripe as one call carrying their sum, exact through a rollback of Redis and Postgres together; "+
+		"needs --send-from-ledger; refused at start for a count or last meter")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
 }
@@ -72,7 +88,13 @@ func (o *MeterOptions) Validate() error {
 		return err
 	}
 	o.streams = streams
+	o.aggregate = splitList(o.AggregateMeters)
 	switch {
+	case len(o.aggregate) > 0 && !o.SendFromLedger:
+		return cli.Usagef("--aggregate-meters needs --send-from-ledger (aggregates are formed from the ledger's queued events): " +
+			"add --send-from-ledger to every meter consumer of the ledger, or drop --aggregate-meters")
+	case o.AggregateMeters != "" && len(o.aggregate) == 0:
+		return cli.Usagef("--aggregate-meters %q names no meter: give event names separated by commas", o.AggregateMeters)
 	case o.Count <= 0 || o.Workers <= 0:
 		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
 	case o.Pipeline < 1 || o.Pipeline > 16:
@@ -113,13 +135,25 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	// an event refused or malformed is seen outside Prometheus too.
 	dl := alerts.NewDeadLetterAggregator(rp.Notifier, time.Minute, nil)
 	defer func() { _ = dl.Stop(context.Background()) }()
+	if len(o.aggregate) > 0 {
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		meters, err := rp.Stripe.ListMeters(lctx)
+		cancel()
+		if err != nil {
+			return cli.Fail(stderr, prog, fmt.Errorf("checking --aggregate-meters against the account's billing meters "+
+				"(the key needs Billing Meters Read): %w", err))
+		}
+		if err := checkAggregateMeters(o.aggregate, meters); err != nil {
+			return cli.Fail(stderr, prog, err)
+		}
+	}
 	logger, mon, pool, rdb, pauses := rp.Logger, rp.Witness, rp.Pool, rp.Redis, rp.Pauses
 	var cs []*consumer.MeterConsumer
 	metrics := consumer.NewMetrics(rp.Registry)
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, AggregateMeters: o.aggregate, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))
@@ -154,4 +188,36 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	wg.Wait()
 	logger.Info("stopped cleanly")
 	return cli.ExitOK
+}
+
+// splitList splits a comma-separated flag value, dropping empty names and
+// repeats.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" && !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// checkAggregateMeters refuses --aggregate-meters names that are not the
+// event names of sum meters of the account: Stripe counts a count meter's
+// events (an aggregate would count as one) and keeps one value of a last
+// meter's second (an order of a second's events the ledger cannot prove).
+func checkAggregateMeters(names []string, meters []stripeapi.Meter) error {
+	for _, n := range names {
+		i := slices.IndexFunc(meters, func(m stripeapi.Meter) bool { return m.EventName == n })
+		switch {
+		case i < 0:
+			return cli.Usagef("--aggregate-meters %s: the Stripe account has no billing meter with event name %s: "+
+				"create it as a sum meter, or remove %s from --aggregate-meters", n, n, n)
+		case meters[i].Formula != stripeapi.MeterFormulaSum:
+			return cli.Usagef("--aggregate-meters %s: meter %s (%s) aggregates by %s, not sum: Stripe would count an aggregate "+
+				"as one event or keep one value of its second; remove %s from --aggregate-meters (its events are sent one per call)",
+				n, meters[i].ID, n, cmp.Or(meters[i].Formula, "an unknown formula"), n)
+		}
+	}
+	return nil
 }
