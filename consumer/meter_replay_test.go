@@ -100,9 +100,6 @@ func TestReplayFromTheLedgerReopensTheRowAndSendsOnce(t *testing.T) {
 // again and the customer counts their sum once.
 func TestReplayOfARefusedAggregateCountsItsMembersOnce(t *testing.T) {
 	t.Parallel()
-	t.Skip("a replayed member of a refused aggregate is queued again still marked as that aggregate's member, which no sender " +
-		"forms again: it is never sent, and its customer-meter's later events wait behind it. Unskip once Ingest's reopen " +
-		"clears the membership of a member Stripe refused (meterledger ingestSQL, reopen)")
 	now := time.Now().UTC()
 	b := setup(t, opts{simNow: now})
 	testenv.CleanupKeys(t, b.rdb, consumer.DeadLetterStream(b.stream))

@@ -207,7 +207,23 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 			}
 		}
 	}
-	a = Aggregate{Identifier: aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids), Stream: stream,
+	// The same members formed before, in another bucket: a replay of an
+	// aggregate Stripe refused (its members reopened under the replay's
+	// entries). The next late number names it; the probe finds the same
+	// one again for the same ledger, so a re-formation is still the same.
+	ident := aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids)
+	for {
+		var taken bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.meter_aggregates WHERE identifier = $1)`, ident).Scan(&taken); err != nil {
+			return a, nil, false, err
+		}
+		if !taken {
+			break
+		}
+		earlier++
+		ident = aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids)
+	}
+	a = Aggregate{Identifier: ident, Stream: stream,
 		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, ArrivalSecond: bucket, LateJoin: earlier > 0,
 		Value: sum, Members: len(members), Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1,
 		LeaseOwner: owner, slotToken: tok}
