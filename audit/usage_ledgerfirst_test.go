@@ -47,7 +47,10 @@ func (w *usageWorld) ingest(cust string, ts time.Time, values ...int64) []meterl
 func (w *usageWorld) aggregate(cust string, ts time.Time, res meterledger.Result) meterledger.Aggregate {
 	w.t.Helper()
 	ctx := context.Background()
-	a, _, ok, err := w.meters.FormAggregate(ctx, testNS, ledgerStream, w.meter, cust, ts, "test", time.Minute)
+	// The group's ingest watermark just past ts's second: its bucket (the
+	// entries' ids are of 1970, so the bucket is ts's second) is formed.
+	mark := time.Unix(ts.Unix()+1, 0)
+	a, _, ok, err := w.meters.FormAggregate(ctx, testNS, ledgerStream, w.meter, cust, mark, "test", time.Minute)
 	if err != nil || !ok {
 		w.t.Fatalf("forming the aggregate: ok=%v %v", ok, err)
 	}
