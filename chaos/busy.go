@@ -4,14 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/pelguard/pelguard/clock"
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/naive"
@@ -288,18 +285,7 @@ func (d *drill) runBusyCells(ctx context.Context, scenario string, n, total int)
 // usage scenarios' schema (it runs after the other usage scenarios: its
 // consumers fence that ledger against per-event sends).
 func (d *drill) newBusyCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
-	c := &cell{
-		d: d, scenario: scenario, mode: mode, rdb: d.rdb, redisURL: d.cfg.RedisURL,
-		stream: "chaos:" + d.runID + ":" + scenario + ":" + mode, group: "billing",
-		clk:     clock.NewSimFollowing(),
-		rng:     rand.New(rand.NewPCG(uint64(d.cfg.Seed), scenarioStream(scenario))),
-		log:     d.log.With(slog.String("scenario", scenario), slog.String("mode", mode)),
-		started: time.Now(),
-		usage:   &usageCell{alerts: &parkedAlerts{}, callsAtGap: -1},
-	}
-	d.mu.Lock()
-	d.keys = append(d.keys, c.stream, consumer.DeadLetterStream(c.stream))
-	d.mu.Unlock()
+	c := d.usageCellOf(scenario, mode)
 	var closers []func()
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {

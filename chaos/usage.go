@@ -162,12 +162,9 @@ func (c *cell) meterCalls() int64 {
 	return n.Recorded + n.Duplicates + n.Concurrent + n.RateLimited + n.Invalid + n.Rejected
 }
 
-// newUsageCell sets up a usage scenario's cell: its stream, emulator (with
-// the scenario's sum meter), the events and, for pelguard, the usage
-// scenarios' schema (usageprep.go). The events go round-robin over a
-// quarter as many customers (at least 10), so a batch of 10 never holds two
-// of one customer, and each customer's total is several events.
-func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
+// usageCellOf is a usage cell of scenario and mode: its stream (and dead
+// letters) registered for the drill's cleanup, nothing started yet.
+func (d *drill) usageCellOf(scenario, mode string) *cell {
 	c := &cell{
 		d: d, scenario: scenario, mode: mode, rdb: d.rdb, redisURL: d.cfg.RedisURL,
 		stream: "chaos:" + d.runID + ":" + scenario + ":" + mode, group: "billing",
@@ -180,6 +177,16 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 	d.mu.Lock()
 	d.keys = append(d.keys, c.stream, consumer.DeadLetterStream(c.stream))
 	d.mu.Unlock()
+	return c
+}
+
+// newUsageCell sets up a usage scenario's cell: its stream, emulator (with
+// the scenario's sum meter), the events and, for pelguard, the usage
+// scenarios' schema (usageprep.go). The events go round-robin over a
+// quarter as many customers (at least 10), so a batch of 10 never holds two
+// of one customer, and each customer's total is several events.
+func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
+	c := d.usageCellOf(scenario, mode)
 	var closers []func()
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
