@@ -285,31 +285,11 @@ func (d *drill) runBusyCells(ctx context.Context, scenario string, n, total int)
 // usage scenarios' schema (it runs after the other usage scenarios: its
 // consumers fence that ledger against per-event sends).
 func (d *drill) newBusyCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
-	c := d.usageCellOf(scenario, mode)
-	var closers []func()
-	cleanup := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
-	sim, err := stripesim.New(stripesim.Config{Addr: "127.0.0.1:0", Seed: d.cfg.Seed,
-		Faults: stripesim.Faults{MeterEventLatency: d.cfg.Busy.Latency}})
+	c, cleanup, err := d.usageCellOf(ctx, scenario, mode, stripesim.Faults{MeterEventLatency: d.cfg.Busy.Latency})
 	if err != nil {
 		return nil, cleanup, err
 	}
-	c.sim = sim
-	closers = append(closers, sim.Close)
-	m, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterEventName(scenario)})
-	if err != nil {
-		return nil, cleanup, err
-	}
-	c.usage.meterID = m.ID
 	if mode == ModePelguard {
-		ps, err := d.prep.take(ctx)
-		if err != nil {
-			return nil, cleanup, err
-		}
-		c.pool, c.dbURL, c.schema = ps.pool, ps.url, ps.schema // the prep's pool: not closed here
 		// As deployed: the consumer's default batch, workers and pipeline,
 		// sending from the ledger, the meter's events of one second summed.
 		c.usage.tune = func(mc *consumer.MeterConfig) {

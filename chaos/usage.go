@@ -163,8 +163,10 @@ func (c *cell) meterCalls() int64 {
 }
 
 // usageCellOf is a usage cell of scenario and mode: its stream (and dead
-// letters) registered for the drill's cleanup, nothing started yet.
-func (d *drill) usageCellOf(scenario, mode string) *cell {
+// letters) registered for the drill's cleanup, its emulator (with faults)
+// holding the scenario's sum meter, and for pelguard the usage scenarios'
+// schema (usageprep.go). cleanup closes the emulator.
+func (d *drill) usageCellOf(ctx context.Context, scenario, mode string, faults stripesim.Faults) (*cell, func(), error) {
 	c := &cell{
 		d: d, scenario: scenario, mode: mode, rdb: d.rdb, redisURL: d.cfg.RedisURL,
 		stream: "chaos:" + d.runID + ":" + scenario + ":" + mode, group: "billing",
@@ -177,28 +179,12 @@ func (d *drill) usageCellOf(scenario, mode string) *cell {
 	d.mu.Lock()
 	d.keys = append(d.keys, c.stream, consumer.DeadLetterStream(c.stream))
 	d.mu.Unlock()
-	return c
-}
-
-// newUsageCell sets up a usage scenario's cell: its stream, emulator (with
-// the scenario's sum meter), the events and, for pelguard, the usage
-// scenarios' schema (usageprep.go). The events go round-robin over a
-// quarter as many customers (at least 10), so a batch of 10 never holds two
-// of one customer, and each customer's total is several events.
-func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
-	c := d.usageCellOf(scenario, mode)
-	var closers []func()
-	cleanup := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
-	sim, err := stripesim.New(stripesim.Config{Addr: "127.0.0.1:0", Seed: d.cfg.Seed})
+	cleanup := func() {}
+	sim, err := stripesim.New(stripesim.Config{Addr: "127.0.0.1:0", Seed: d.cfg.Seed, Faults: faults})
 	if err != nil {
 		return nil, cleanup, err
 	}
-	c.sim = sim
-	closers = append(closers, sim.Close)
+	c.sim, cleanup = sim, sim.Close
 	m, err := sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterEventName(scenario)})
 	if err != nil {
 		return nil, cleanup, err
@@ -210,7 +196,23 @@ func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell,
 			return nil, cleanup, err
 		}
 		c.pool, c.dbURL, c.schema = ps.pool, ps.url, ps.schema // the prep's pool: not closed here
-		if c.usage.ledger, err = meterledger.New(ps.pool, meterledger.Config{Schema: ps.schema, Clock: c.clk}); err != nil {
+	}
+	return c, cleanup, nil
+}
+
+// newUsageCell sets up a usage scenario's cell: its stream, emulator (with
+// the scenario's sum meter), the events and, for pelguard, the usage
+// scenarios' schema (usageprep.go). The events go round-robin over a
+// quarter as many customers (at least 10), so a batch of 10 never holds two
+// of one customer, and each customer's total is several events.
+func (d *drill) newUsageCell(ctx context.Context, scenario, mode string) (*cell, func(), error) {
+	c, cleanup, err := d.usageCellOf(ctx, scenario, mode, stripesim.Faults{})
+	if err != nil {
+		return nil, cleanup, err
+	}
+	sim := c.sim
+	if mode == ModePelguard {
+		if c.usage.ledger, err = meterledger.New(c.pool, meterledger.Config{Schema: c.schema, Clock: c.clk}); err != nil {
 			return nil, cleanup, err
 		}
 	}
