@@ -53,7 +53,8 @@ type MeterConfig struct {
 	Count     int64         // entries per read (and per ledger batch); default 100
 	Block     time.Duration // XREADGROUP BLOCK; default DefaultBlock
 	Workers   int           // Stripe calls at once, per batch; default 16
-	// Pipeline is how many batches Run keeps in flight; default 2.
+	// Pipeline is how many batches Run keeps in flight; default 2. With
+	// SendFromLedger, Workers×Pipeline customer-meters are sent to at once.
 	Pipeline int
 	Lease    time.Duration // lease and customer-meter slot; default DefaultLease
 	Rules    event.MeterRules

@@ -21,24 +21,64 @@ import (
 // something to send gets a call each round, however much one of them has
 // queued. The rows are candidates: Reserve decides (and may refuse) each.
 func (l *Ledger) Unsent(ctx context.Context, stream string, limit int) ([]Record, error) {
+	return l.Candidates(ctx, stream, limit, nil, time.Time{})
+}
+
+// Candidates is Unsent where the queued events of the aggregated meters
+// count only once their bucket is ready to form at watermark (the group's
+// ingest watermark, FormAggregate's rule): a customer-meter whose queued
+// events are all of a bucket still open is not a candidate, so a sender
+// never spends a transaction on it.
+func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggregated []string, watermark time.Time) ([]Record, error) {
 	now := l.clock.Now().UTC()
+	if aggregated == nil {
+		aggregated = []string{}
+	}
+	ready := watermark.Unix()
 	rows, err := l.pool.Query(ctx, `WITH c AS (
 			SELECT DISTINCT ON (m.stripe_customer_id, m.event_name) m.*
 			FROM (
 				SELECT * FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1 AND aggregate IS NULL
 					AND (lease_expires_at IS NULL OR lease_expires_at <= $2)
 				UNION ALL
-				SELECT * FROM {schema}.meter_events WHERE status = 'queued' AND stream = $1
+				SELECT * FROM {schema}.meter_events m WHERE status = 'queued' AND stream = $1
+					AND (m.event_name <> ALL($4::text[])
+						OR m.event_ts < to_timestamp($5::bigint) AND `+bucketSQL("m")+` < $5::bigint)
 			) m
 			ORDER BY m.stripe_customer_id, m.event_name, m.status = 'queued', m.event_ts, m.identifier
 		)
 		SELECT `+recordCols+` FROM c m
 		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = m.stripe_customer_id AND s.event_name = m.event_name
 		WHERE s.token IS NULL OR s.expires_at <= $2
-		ORDER BY m.event_ts LIMIT $3`, stream, now, limit)
+		ORDER BY m.event_ts LIMIT $3`, stream, now, limit, aggregated, ready)
 	if err != nil {
 		return nil, fmt.Errorf("listing unsent meter events: %w", err)
 	}
+	return collectRecords(rows)
+}
+
+// NextUnsent is the next event of one customer-meter of stream to send,
+// by Unsent's order (one left sending by a holder that is gone, then the
+// oldest queued), ignoring its slot (the caller holds it or is about to
+// ask Reserve for it). ok is false when it has none.
+func (l *Ledger) NextUnsent(ctx context.Context, stream, stripeCustomerID, eventName string) (r Record, ok bool, err error) {
+	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
+		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3
+			AND (m.status = 'queued' OR m.status = 'sending' AND m.aggregate IS NULL
+				AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $4))
+		ORDER BY m.status = 'queued', m.event_ts, m.identifier LIMIT 1`,
+		stream, stripeCustomerID, eventName, l.clock.Now().UTC())
+	if err != nil {
+		return r, false, fmt.Errorf("finding the next meter event of %s/%s: %w", stripeCustomerID, eventName, err)
+	}
+	recs, err := collectRecords(rows)
+	if err != nil || len(recs) == 0 {
+		return r, false, err
+	}
+	return recs[0], true, nil
+}
+
+func collectRecords(rows pgx.Rows) ([]Record, error) {
 	defer rows.Close()
 	var out []Record
 	for rows.Next() {

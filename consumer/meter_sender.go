@@ -1,0 +1,352 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelguard/pelguard/alerts"
+	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/meterwitness"
+	"github.com/pelguard/pelguard/internal/watermark"
+)
+
+// The sender (MeterConfig.SendFromLedger) sends what ingest recorded in the
+// ledger. It keeps up to Workers×Pipeline customer-meters in flight, each
+// on a goroutine of its own that sends that customer-meter's events (or,
+// for an aggregated meter, its ready aggregates) one call after another,
+// the next as soon as the last is recorded, for up to senderStay; a slot
+// that frees goes at once to the customer-meter whose oldest unsent event
+// is oldest (meterledger.Candidates). So no call waits for another
+// customer's slow call, a busy customer holds one slot and never more, and
+// a quiet customer's event waits only for a free slot.
+
+// meterKey is a customer-meter: Stripe takes one of its events at a time.
+type meterKey struct{ customer, eventName string }
+
+func keyOf(r meterledger.Record) meterKey { return meterKey{r.StripeCustomerID, r.EventName} }
+
+const (
+	// senderStay is how long a sender stays on one customer-meter that
+	// has more to send before the oldest of the others go first.
+	senderStay = time.Second
+	// senderRelist is how old a list of candidates may get before it is
+	// read again (the oldest first), and senderMinRelist how soon after
+	// the last it may be read again.
+	senderRelist    = 250 * time.Millisecond
+	senderMinRelist = 20 * time.Millisecond
+	// staleEvery is how often aggregates left sending by a holder that is
+	// gone are looked for (sendAggregates).
+	staleEvery = time.Second
+)
+
+// startSenders starts, for SendFromLedger, the sender and the takeover of
+// stale aggregates, and fences the ledger against per-event consumers; a
+// per-event consumer refuses to start on a fenced ledger. The returned
+// func waits for them to end.
+func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
+	if !c.cfg.SendFromLedger {
+		fenced, since, err := c.ledger.SendsFenced(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if fenced {
+			return nil, fmt.Errorf("%w (since %s)", meterledger.ErrPerEventFenced, since.Format(time.RFC3339))
+		}
+		return func() {}, nil
+	}
+	if err := c.ledger.FenceSends(ctx, c.cfg.Name); err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.sendLoop(ctx) }()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			if !c.paused() {
+				if _, err := c.sendAggregates(ctx); err != nil && ctx.Err() == nil {
+					c.cfg.Logger.Warn("taking over meter aggregates", "stream", c.cfg.Stream, "err", err)
+				}
+			}
+			sleep(ctx, staleEvery)
+		}
+	}()
+	return wg.Wait, nil
+}
+
+// sendLoop hands free slots to the customer-meters with the oldest unsent
+// events until ctx ends; it returns once every sender it started is done.
+func (c *MeterConsumer) sendLoop(ctx context.Context) {
+	width := c.cfg.Workers * c.cfg.Pipeline
+	var (
+		wg       sync.WaitGroup
+		inflight = map[meterKey]bool{}
+		done     = make(chan meterKey, width)
+		queue    []meterledger.Record
+		listed   time.Time
+	)
+	defer wg.Wait()
+	// wait blocks until a sender ends (its slot freed), d passes or ctx
+	// ends.
+	wait := func(d time.Duration) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case k := <-done:
+			delete(inflight, k)
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	for ctx.Err() == nil {
+		for reaped := true; reaped; {
+			select {
+			case k := <-done:
+				delete(inflight, k)
+			default:
+				reaped = false
+			}
+		}
+		if c.paused() {
+			queue = nil
+			wait(pausePoll)
+			continue
+		}
+		free := width - len(inflight)
+		if free == 0 {
+			wait(time.Second)
+			continue
+		}
+		if len(queue) == 0 || time.Since(listed) > senderRelist {
+			if since := time.Since(listed); since < senderMinRelist {
+				wait(senderMinRelist - since)
+				continue
+			}
+			var err error
+			queue, err = c.candidates(ctx, 2*width)
+			listed = time.Now()
+			if err != nil {
+				if ctx.Err() == nil {
+					c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
+					wait(time.Second)
+				}
+				continue
+			}
+		}
+		started := 0
+		for free > 0 && len(queue) > 0 {
+			r := queue[0]
+			queue = queue[1:]
+			k := keyOf(r)
+			if inflight[k] {
+				continue
+			}
+			inflight[k] = true
+			free--
+			started++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.stay(ctx, r)
+				done <- k
+			}()
+		}
+		if started == 0 {
+			wait(ownRevisitIdle)
+		}
+	}
+}
+
+// candidates lists the customer-meters to send next, the oldest unsent
+// event first, an aggregated meter only once a bucket of it is ready.
+func (c *MeterConsumer) candidates(ctx context.Context, limit int) ([]meterledger.Record, error) {
+	var mark time.Time
+	if len(c.cfg.AggregateMeters) > 0 {
+		m, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+		if err != nil {
+			return nil, err
+		}
+		mark = m.Time()
+	}
+	return c.ledger.Candidates(ctx, c.cfg.Stream, limit, c.cfg.AggregateMeters, mark)
+}
+
+// stay sends r's customer-meter's events one after another, from r, until
+// it has none, another holds its slot, the pause, or senderStay has passed.
+func (c *MeterConsumer) stay(ctx context.Context, r meterledger.Record) {
+	until := time.Now().Add(senderStay)
+	for ctx.Err() == nil && !c.paused() {
+		var n int
+		var err error
+		aggregated := r.Status == meterledger.StatusQueued && slices.Contains(c.cfg.AggregateMeters, r.EventName)
+		switch {
+		case aggregated && c.cfg.Witness.Suspect():
+			// While a rollback is unrepaired no aggregate is formed: one of
+			// that second may have been sent and lost with the ledger's
+			// rows; the repair restores it from the witness first.
+			return
+		case aggregated:
+			n, err = c.formAndSend(ctx, []meterledger.Record{r})
+		default:
+			n, err = c.sendEvents(ctx, []meterledger.Record{r})
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				c.cfg.Logger.Warn("sending meter events from the ledger", "stream", c.cfg.Stream,
+					"stripe_customer_id", r.StripeCustomerID, "event_name", r.EventName, "err", err)
+				sleep(ctx, time.Second)
+			}
+			return
+		}
+		if n == 0 || time.Now().After(until) {
+			return
+		}
+		if !aggregated {
+			next, ok, err := c.ledger.NextUnsent(ctx, c.cfg.Stream, r.StripeCustomerID, r.EventName)
+			if err != nil || !ok {
+				return
+			}
+			r = next
+		}
+	}
+}
+
+// SendRound sends the next event of up to Workers customer-meters from the
+// ledger (Unsent, then Reserve: the same decisions and fences as a
+// per-event send, an unknown outcome taken over within the safe window and
+// parked past it), records the outcomes, witnesses them and dead-letters
+// refusals from the ledger's copy of their entries. It returns how many
+// calls it made.
+func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
+	na, err := c.sendAggregates(ctx)
+	if err != nil {
+		return na, err
+	}
+	recs, err := c.ledger.Unsent(ctx, c.cfg.Stream, c.cfg.Workers)
+	if err != nil || len(recs) == 0 {
+		return na, err
+	}
+	var forms []meterledger.Record
+	var perEvent []meterledger.Record
+	for _, r := range recs {
+		switch {
+		case r.Status == meterledger.StatusQueued && slices.Contains(c.cfg.AggregateMeters, r.EventName):
+			if !c.cfg.Witness.Suspect() {
+				forms = append(forms, r)
+			}
+			// While a rollback is unrepaired no aggregate is formed: one of
+			// that second may have been sent and lost with the ledger's
+			// rows; the repair restores it from the witness first.
+		default:
+			perEvent = append(perEvent, r)
+		}
+	}
+	if len(forms) > 0 {
+		n, err := c.formAndSend(ctx, forms)
+		na += n
+		if err != nil {
+			return na, err
+		}
+	}
+	n, err := c.sendEvents(ctx, perEvent)
+	return na + n, err
+}
+
+// sendEvents sends recs one call each (Reserve: the same decisions and
+// fences as a per-event send from the stream, an unknown outcome taken
+// over within the safe window and parked past it), records the outcomes,
+// witnesses them and dead-letters refusals from the ledger's copy of their
+// entries. It returns how many calls it made.
+func (c *MeterConsumer) sendEvents(ctx context.Context, recs []meterledger.Record) (int, error) {
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	items := make([]*pendingMsg, len(recs))
+	reqs := make([]meterledger.Request, len(recs))
+	for i, r := range recs {
+		reqs[i] = meterledger.Request{Event: meterledger.EventOf(r), Identifier: r.Identifier, Owner: c.cfg.Name,
+			Lease: c.cfg.Lease, MessageID: r.StreamMessageID, Suspect: c.cfg.Witness.Suspect()}
+		items[i] = &pendingMsg{msg: redis.XMessage{ID: r.StreamMessageID, Values: meterledger.FieldsOf(r)}, req: reqs[i]}
+		if items[i].msg.Values == nil {
+			items[i].msg.Values = map[string]any{"identifier": r.Identifier, event.PayloadField: meterledger.EventOf(r).Payload()}
+		}
+	}
+	claims, err := c.ledger.Reserve(ctx, reqs)
+	if err != nil {
+		return 0, err
+	}
+	var b MeterBatch
+	var send []*pendingMsg
+	var dead []Dead
+	var sent []meterwitness.Sent
+	for i, cl := range claims {
+		it := items[i]
+		it.claim = cl
+		switch {
+		case cl.Decision.MaySend():
+			send = append(send, it)
+		case cl.Decision == meterledger.Parked:
+			b.Parked++
+			sent = append(sent, sentOf(it.req, cl.Record, meterledger.StatusParked, cl.Reason))
+			c.alertParked(it.req, cl.Reason)
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: cl.Reason})
+		}
+	}
+	c.sendAll(ctx, send)
+	outs := make([]meterledger.Outcome, len(send))
+	for i, it := range send {
+		outs[i] = it.out
+	}
+	results, err := c.ledger.FinishResults(context.WithoutCancel(ctx), outs)
+	if err != nil {
+		return len(send), fmt.Errorf("recording %d meter events: %w", len(outs), err)
+	}
+	for i, it := range send {
+		if results[i] == meterledger.Park && it.out.Result == meterledger.Failed {
+			it.out.Result, it.out.Reason = meterledger.Park, meterledger.ParkedAfterUnknown+": "+it.out.Reason
+		}
+		switch {
+		case results[i] == 0 || it.out.Result == meterledger.Release:
+			// Stays sending: the next round takes it over under its identifier.
+		case it.out.Result == meterledger.Delivered:
+			b.Delivered++
+			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusDelivered, ""))
+			c.cfg.Metrics.event(c.cfg.Stream, OutcomeDelivered)
+		case it.out.Result == meterledger.Failed && it.keyErr != nil:
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonStripeKey, Detail: it.out.Reason})
+			c.cfg.Notifier.Notify(alerts.StripeKeyRejected(it.keyErr))
+			c.cfg.Metrics.event(c.cfg.Stream, OutcomeFailed)
+		case it.out.Result == meterledger.Failed:
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterRefused, Detail: it.out.Reason})
+			c.cfg.Metrics.event(c.cfg.Stream, OutcomeFailed)
+			if it.missingMeter {
+				c.sayMeterMissing(it.req.Event.EventName)
+			}
+		case it.out.Result == meterledger.Park:
+			b.Parked++
+			sent = append(sent, sentOf(it.req, it.claim.Record, meterledger.StatusParked, it.out.Reason))
+			c.alertParked(it.req, it.out.Reason)
+			dead = append(dead, Dead{Msg: it.msg, Reason: ReasonMeterParked, Detail: it.out.Reason})
+			c.cfg.Metrics.event(c.cfg.Stream, OutcomeParked)
+		}
+	}
+	// The outcomes are committed: witness them (the repair's source for a
+	// delivered row a rollback loses), then the dead letters.
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if len(sent) > 0 {
+		if err := c.cfg.Witness.Mirror(dctx); err != nil {
+			return len(send), err
+		}
+		if err := c.recordSent(dctx, sent); err != nil {
+			return len(send), err
+		}
+	}
+	return len(send), c.settle(dctx, nil, dead, nil, &b)
+}
