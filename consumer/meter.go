@@ -127,6 +127,10 @@ type MeterConsumer struct {
 	// it was last read while unfenced.
 	fenced       atomic.Bool
 	checkedFence atomic.Int64
+	// ingestedFrom is the oldest event timestamp (unix ns) ingested since
+	// the sender last read the ledger's floor (meter_sender.go); MaxInt64:
+	// none.
+	ingestedFrom atomic.Int64
 	// missingMeters are the event names sayMeterMissing has told of.
 	missingMeters sync.Map
 	// live counts the entries handled, published with each liveness beat.

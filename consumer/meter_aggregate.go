@@ -55,7 +55,7 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 		case meterledger.TakenOver:
 			work = append(work, &aggWork{agg: a})
 		case meterledger.Parked:
-			members, err := c.ledger.Members(ctx, a.Identifier)
+			members, err := c.ledger.MembersOf(ctx, a)
 			if err != nil {
 				return 0, err
 			}
@@ -71,7 +71,7 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 	// holder may have died before witnessing it (then it was never sent).
 	var wit []meterwitness.Sent
 	for _, w := range work {
-		members, err := c.ledger.Members(ctx, w.agg.Identifier)
+		members, err := c.ledger.MembersOf(ctx, w.agg)
 		if err != nil {
 			return 0, err
 		}
@@ -119,7 +119,7 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	// Workers transactions together.
 	parallel(c.cfg.Workers, len(cands), func(i int) {
 		r := cands[i]
-		a, members, ok, err := c.ledger.FormAggregate(ctx, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, mark.Time(),
+		a, members, ok, err := c.ledger.FormAggregateFrom(ctx, r.EventTS, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, mark.Time(),
 			c.cfg.Name, c.cfg.Lease)
 		mu.Lock()
 		defer mu.Unlock()
@@ -210,7 +210,7 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 		}
 		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
 		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
-			memberRows[i], errs[i] = c.ledger.Members(fctx, w.agg.Identifier)
+			memberRows[i], errs[i] = c.ledger.MembersOf(fctx, w.agg)
 		}
 	})
 	var firstErr error

@@ -44,6 +44,9 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 	if err != nil {
 		return b, msgs, err
 	}
+	for _, r := range reqs {
+		c.ingested(r.Event.Timestamp)
+	}
 	var acks []string
 	var sent []meterwitness.Sent
 	for i, g := range got {
@@ -83,6 +86,16 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 		}
 	}
 	return b, left, c.settle(ctx, acks, dead, sent, &b)
+}
+
+// ingested lowers ingestedFrom to ts: the sender lists from there on.
+func (c *MeterConsumer) ingested(ts time.Time) {
+	for n := ts.UnixNano(); ; {
+		old := c.ingestedFrom.Load()
+		if n >= old || c.ingestedFrom.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 // ledgerFenced reports whether the ledger sends from ingest: once true for

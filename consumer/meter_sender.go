@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -17,14 +18,15 @@ import (
 )
 
 // The sender (MeterConfig.SendFromLedger) sends what ingest recorded in the
-// ledger. It keeps up to Workers×Pipeline customer-meters in flight, each
-// on a goroutine of its own that sends that customer-meter's events (or,
-// for an aggregated meter, its ready aggregates) one call after another,
-// the next as soon as the last is recorded, for up to senderStay; a slot
-// that frees goes at once to the customer-meter whose oldest unsent event
-// is oldest (meterledger.Candidates). So no call waits for another
-// customer's slow call, a busy customer holds one slot and never more, and
-// a quiet customer's event waits only for a free slot.
+// ledger, in rounds that overlap: whenever slots are free it lists the
+// customer-meters whose oldest unsent event is oldest (one event, or one
+// ready aggregate, each; meterledger.Candidates), skipping those a round
+// of its own holds, and starts a round of up to Workers of them at once;
+// up to Workers×Pipeline customer-meters are in flight. A round's ledger
+// work is batched (one Reserve, one Finish), and a round that waits for
+// its slowest call holds only its own customer-meters: the slots others
+// free go to the next round at once. So a busy customer holds one slot
+// and never more, and a quiet customer's event waits only for a free one.
 
 // meterKey is a customer-meter: Stripe takes one of its events at a time.
 type meterKey struct{ customer, eventName string }
@@ -32,17 +34,17 @@ type meterKey struct{ customer, eventName string }
 func keyOf(r meterledger.Record) meterKey { return meterKey{r.StripeCustomerID, r.EventName} }
 
 const (
-	// senderStay is how long a sender stays on one customer-meter that
-	// has more to send before the oldest of the others go first.
-	senderStay = time.Second
-	// senderRelist is how old a list of candidates may get before it is
-	// read again (the oldest first), and senderMinRelist how soon after
-	// the last it may be read again.
-	senderRelist    = 250 * time.Millisecond
-	senderMinRelist = 20 * time.Millisecond
+	// senderRelist is how soon the sender lists again when no round has
+	// ended since it last listed (new events, a slot another consumer
+	// freed); a round that ends lists again at once.
+	senderRelist = 50 * time.Millisecond
 	// staleEvery is how often aggregates left sending by a holder that is
 	// gone are looked for (sendAggregates).
 	staleEvery = time.Second
+	// floorEvery is how often the sender reads the ledger's oldest unsent
+	// event (meterledger.UnsentFloor): listings read the partitions from
+	// its day on, and from the oldest event this process ingested since.
+	floorEvery = 5 * time.Second
 )
 
 // startSenders starts, for SendFromLedger, the sender and the takeover of
@@ -80,57 +82,50 @@ func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
 	return wg.Wait, nil
 }
 
-// sendLoop hands free slots to the customer-meters with the oldest unsent
-// events until ctx ends; it returns once every sender it started is done.
+// sendLoop starts rounds on free slots until ctx ends; it returns once
+// every round it started has ended.
 func (c *MeterConsumer) sendLoop(ctx context.Context) {
 	width := c.cfg.Workers * c.cfg.Pipeline
 	var (
 		wg       sync.WaitGroup
 		inflight = map[meterKey]bool{}
-		done     = make(chan meterKey, width)
-		queue    []meterledger.Record
-		listed   time.Time
+		done     = make(chan []meterKey, width)
+		from     meterledger.ListFrom
+		floor    time.Time // the ledger's, read at floorRead
+		floorAt  time.Time
 	)
 	defer wg.Wait()
-	// wait blocks until a sender ends (its slot freed), d passes or ctx
-	// ends.
-	wait := func(d time.Duration) {
+	free := func(keys []meterKey) {
+		for _, k := range keys {
+			delete(inflight, k)
+		}
+	}
+	// wait blocks until a round ends (true), d passes or ctx ends.
+	wait := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case k := <-done:
-			delete(inflight, k)
+		case keys := <-done:
+			free(keys)
+			return true
 		case <-t.C:
 		case <-ctx.Done():
 		}
+		return false
 	}
 	for ctx.Err() == nil {
-		for reaped := true; reaped; {
-			select {
-			case k := <-done:
-				delete(inflight, k)
-			default:
-				reaped = false
-			}
-		}
 		if c.paused() {
-			queue = nil
 			wait(pausePoll)
 			continue
 		}
-		free := width - len(inflight)
-		if free == 0 {
-			wait(time.Second)
+		if len(inflight) >= width {
+			wait(time.Minute)
 			continue
 		}
-		if len(queue) == 0 || time.Since(listed) > senderRelist {
-			if since := time.Since(listed); since < senderMinRelist {
-				wait(senderMinRelist - since)
-				continue
-			}
-			var err error
-			queue, err = c.candidates(ctx, 2*width)
-			listed = time.Now()
+		if time.Since(floorAt) > floorEvery {
+			// What ingest lowers from now on is kept: read after the reset.
+			c.ingestedFrom.Store(math.MaxInt64)
+			f, err := c.ledger.UnsentFloor(ctx, c.cfg.Stream)
 			if err != nil {
 				if ctx.Err() == nil {
 					c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
@@ -138,34 +133,64 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 				}
 				continue
 			}
+			floor, floorAt = f, time.Now()
 		}
-		started := 0
-		for free > 0 && len(queue) > 0 {
-			r := queue[0]
-			queue = queue[1:]
-			k := keyOf(r)
-			if inflight[k] {
-				continue
+		from.Floor = floor
+		if n := c.ingestedFrom.Load(); n < floor.UnixNano() {
+			from.Floor = time.Unix(0, n).UTC()
+		}
+		cands, err := c.candidates(ctx, width+len(inflight), &from)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
+				wait(time.Second)
 			}
-			inflight[k] = true
-			free--
-			started++
+			continue
+		}
+		var round []meterledger.Record
+		var keys []meterKey
+		for _, r := range cands {
+			if k := keyOf(r); !inflight[k] && len(round) < min(c.cfg.Workers, width-len(inflight)) {
+				inflight[k] = true
+				round, keys = append(round, r), append(keys, k)
+			}
+		}
+		if len(round) > 0 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.stay(ctx, r)
-				done <- k
+				n, err := c.sendRound(ctx, round)
+				switch {
+				case err != nil && ctx.Err() == nil:
+					c.cfg.Logger.Warn("sending meter events from the ledger", "stream", c.cfg.Stream, "err", err)
+					sleep(ctx, time.Second)
+				case n == 0:
+					// Nothing sent (another consumer got there first, a
+					// refusal before the call): not listed again at once.
+					sleep(ctx, ownRevisitIdle)
+				}
+				done <- keys
 			}()
 		}
-		if started == 0 {
-			wait(ownRevisitIdle)
+		// Until a round ends, or for a while: new events, or slots another
+		// consumer freed, are listed then.
+		if len(round) == 0 || len(inflight) >= width {
+			wait(senderRelist)
+		}
+		for drained := false; !drained; {
+			select {
+			case keys := <-done:
+				free(keys)
+			default:
+				drained = true
+			}
 		}
 	}
 }
 
 // candidates lists the customer-meters to send next, the oldest unsent
 // event first, an aggregated meter only once a bucket of it is ready.
-func (c *MeterConsumer) candidates(ctx context.Context, limit int) ([]meterledger.Record, error) {
+func (c *MeterConsumer) candidates(ctx context.Context, limit int, from *meterledger.ListFrom) ([]meterledger.Record, error) {
 	var mark time.Time
 	if len(c.cfg.AggregateMeters) > 0 {
 		m, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
@@ -174,47 +199,7 @@ func (c *MeterConsumer) candidates(ctx context.Context, limit int) ([]meterledge
 		}
 		mark = m.Time()
 	}
-	return c.ledger.Candidates(ctx, c.cfg.Stream, limit, c.cfg.AggregateMeters, mark)
-}
-
-// stay sends r's customer-meter's events one after another, from r, until
-// it has none, another holds its slot, the pause, or senderStay has passed.
-func (c *MeterConsumer) stay(ctx context.Context, r meterledger.Record) {
-	until := time.Now().Add(senderStay)
-	for ctx.Err() == nil && !c.paused() {
-		var n int
-		var err error
-		aggregated := r.Status == meterledger.StatusQueued && slices.Contains(c.cfg.AggregateMeters, r.EventName)
-		switch {
-		case aggregated && c.cfg.Witness.Suspect():
-			// While a rollback is unrepaired no aggregate is formed: one of
-			// that second may have been sent and lost with the ledger's
-			// rows; the repair restores it from the witness first.
-			return
-		case aggregated:
-			n, err = c.formAndSend(ctx, []meterledger.Record{r})
-		default:
-			n, err = c.sendEvents(ctx, []meterledger.Record{r})
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				c.cfg.Logger.Warn("sending meter events from the ledger", "stream", c.cfg.Stream,
-					"stripe_customer_id", r.StripeCustomerID, "event_name", r.EventName, "err", err)
-				sleep(ctx, time.Second)
-			}
-			return
-		}
-		if n == 0 || time.Now().After(until) {
-			return
-		}
-		if !aggregated {
-			next, ok, err := c.ledger.NextUnsent(ctx, c.cfg.Stream, r.StripeCustomerID, r.EventName)
-			if err != nil || !ok {
-				return
-			}
-			r = next
-		}
-	}
+	return c.ledger.Candidates(ctx, c.cfg.Stream, limit, c.cfg.AggregateMeters, mark, from)
 }
 
 // SendRound sends the next event of up to Workers customer-meters from the
@@ -232,6 +217,14 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 	if err != nil || len(recs) == 0 {
 		return na, err
 	}
+	n, err := c.sendRound(ctx, recs)
+	return na + n, err
+}
+
+// sendRound sends recs, one customer-meter each: a queued event of an
+// aggregated meter as its customer-meter's next ready aggregate, any other
+// as itself. It returns how many calls it made.
+func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record) (int, error) {
 	var forms []meterledger.Record
 	var perEvent []meterledger.Record
 	for _, r := range recs {
@@ -247,6 +240,7 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 			perEvent = append(perEvent, r)
 		}
 	}
+	var na int
 	if len(forms) > 0 {
 		n, err := c.formAndSend(ctx, forms)
 		na += n

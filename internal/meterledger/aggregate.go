@@ -125,6 +125,17 @@ func bucketSQL(m string) string {
 		THEN split_part(` + m + `.stream_message_id, '-', 1)::bigint / 1000 END, ` + sec + `), ` + sec + `)`
 }
 
+// memberSpan bounds the timestamps of a's members: within a day of its
+// second (every member's timestamp is in its bucket), so a statement on
+// them plans and reads two or three daily partitions, not all of them.
+// Unbounded when a's second is not known.
+func memberSpan(a Aggregate) (lo, hi time.Time) {
+	if a.Second.IsZero() {
+		return time.Time{}, time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	return a.Second.Add(-24 * time.Hour), a.Second.Add(24 * time.Hour)
+}
+
 func secondSQL(m string) string { return `floor(extract(epoch FROM ` + m + `.event_ts))::bigint` }
 
 // FormAggregate makes, in one transaction, an aggregate of stream's queued
@@ -146,6 +157,16 @@ func secondSQL(m string) string { return `floor(extract(epoch FROM ` + m + `.eve
 // identifier): each counted once.
 func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, watermark time.Time,
 	owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
+	return l.FormAggregateFrom(ctx, time.Time{}, namespace, stream, eventName, stripeCustomerID, watermark, owner, lease)
+}
+
+// FormAggregateFrom is FormAggregate for buckets of events no older than
+// from's day (a sender's candidate, meterledger.Candidates): only the
+// partitions from that day on are planned and read. An older event is
+// formed by a later call from its own day.
+func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespace, stream, eventName, stripeCustomerID string,
+	watermark time.Time, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
+	floor := from.UTC().Truncate(24 * time.Hour) // partitions are days
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
 	ready := watermark.Unix() // buckets b < ready have ended at or before the watermark
 	tx, err := l.pool.Begin(ctx)
@@ -160,8 +181,8 @@ func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName
 	var sec, bucket int64
 	err = tx.QueryRow(ctx, `SELECT `+secondSQL("m")+`, `+bucketSQL("m")+` FROM {schema}.meter_events m
 		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
-			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint
-		ORDER BY m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready).Scan(&sec, &bucket)
+			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= $5
+		ORDER BY m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready, floor).Scan(&sec, &bucket)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, nil, false, nil
 	}
@@ -289,8 +310,9 @@ func (l *Ledger) UnformAggregate(ctx context.Context, a Aggregate) (bool, error)
 	if err != nil || tag.RowsAffected() == 0 {
 		return false, err
 	}
+	lo, hi := memberSpan(a)
 	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events SET status = 'queued', aggregate = NULL
-		WHERE aggregate = $1 AND status = 'sending'`, id); err != nil {
+		WHERE aggregate = $1 AND status = 'sending' AND event_ts >= $2 AND event_ts < $3`, id, lo, hi); err != nil {
 		return false, err
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE stripe_customer_id = $1 AND event_name = $2 AND token = $3`,
@@ -331,8 +353,16 @@ func (l *Ledger) StaleAggregates(ctx context.Context, stream string, limit int) 
 
 // Members reads an aggregate's member rows.
 func (l *Ledger) Members(ctx context.Context, identifier string) ([]Record, error) {
+	return l.MembersOf(ctx, Aggregate{Identifier: identifier})
+}
+
+// MembersOf is Members of a, reading only the partitions a's members can
+// be in (memberSpan).
+func (l *Ledger) MembersOf(ctx context.Context, a Aggregate) ([]Record, error) {
+	lo, hi := memberSpan(a)
 	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m WHERE m.aggregate = $1
-		ORDER BY m.event_ts, m.identifier`, identifier)
+		AND m.event_ts >= $2 AND m.event_ts < $3
+		ORDER BY m.event_ts, m.identifier`, a.Identifier, lo, hi)
 	if err != nil {
 		return nil, err
 	}
@@ -363,8 +393,9 @@ func (l *Ledger) TakeOverAggregate(ctx context.Context, stale Aggregate, owner s
 		if err != nil || tag.RowsAffected() == 0 {
 			return Busy, stale, "", err
 		}
+		lo, hi := memberSpan(stale)
 		if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events SET status = 'parked', outcome_unknown = true, last_error = $2
-			WHERE aggregate = $1 AND status = 'sending'`, stale.Identifier, reason); err != nil {
+			WHERE aggregate = $1 AND status = 'sending' AND event_ts >= $3 AND event_ts < $4`, stale.Identifier, reason, lo, hi); err != nil {
 			return 0, stale, "", err
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE identifier = $1 AND expires_at <= $2`, stale.Identifier, now); err != nil {
@@ -431,11 +462,12 @@ func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, r
 		return 0, err
 	}
 	if res != Release {
+		lo, hi := memberSpan(a)
 		rows, err := tx.Query(ctx, `UPDATE {schema}.meter_events SET status = $2,
 				delivered_at = CASE WHEN $2 = 'delivered' THEN $3::timestamptz END,
 				last_error = CASE WHEN $2 = 'delivered' THEN NULL ELSE $4 END, outcome_unknown = outcome_unknown OR $5
-			WHERE aggregate = $1 AND status = 'sending'
-			RETURNING event_name, stripe_customer_id, event_ts, value`, id, st, now, reason, unknown)
+			WHERE aggregate = $1 AND status = 'sending' AND event_ts >= $6 AND event_ts < $7
+			RETURNING event_name, stripe_customer_id, event_ts, value`, id, st, now, reason, unknown, lo, hi)
 		if err != nil {
 			return 0, err
 		}

@@ -21,61 +21,118 @@ import (
 // something to send gets a call each round, however much one of them has
 // queued. The rows are candidates: Reserve decides (and may refuse) each.
 func (l *Ledger) Unsent(ctx context.Context, stream string, limit int) ([]Record, error) {
-	return l.Candidates(ctx, stream, limit, nil, time.Time{})
+	return l.Candidates(ctx, stream, limit, nil, time.Time{}, nil)
 }
+
+// ListFrom is where a sender's listing of candidates stands.
+type ListFrom struct {
+	// Floor: no unsent event of the stream is older (UnsentFloor; zero:
+	// unknown, every partition is read). Only partitions from its day on
+	// are planned and read.
+	Floor time.Time
+	// After is the round-robin cursor over customer-meters (customer, meter):
+	// each listing also takes the next customer-meters after it in key
+	// order, so a customer-meter with work is listed within a bounded
+	// number of listings however much older work others have queued.
+	After [2]string
+}
+
+// listWindow is how many queued rows a listing reads at most, in
+// timestamp order and in key order after the cursor: bounded work
+// however long the backlog.
+const listWindow = 2000
 
 // Candidates is Unsent where the queued events of the aggregated meters
 // count only once their bucket is ready to form at watermark (the group's
 // ingest watermark, FormAggregate's rule): a customer-meter whose queued
 // events are all of a bucket still open is not a candidate, so a sender
-// never spends a transaction on it.
-func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggregated []string, watermark time.Time) ([]Record, error) {
+// never spends a transaction on it. It reads a bounded window of the
+// backlog, never all of it: the oldest queued events in timestamp order,
+// the customer-meters after from.After in key order (then from.After
+// moves on, and wraps at the end), and events left sending by a holder
+// that is gone; so the oldest go first and every customer-meter with work
+// comes up within (customer-meters with work)/listWindow listings.
+func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggregated []string, watermark time.Time,
+	from *ListFrom) ([]Record, error) {
 	now := l.clock.Now().UTC()
 	if aggregated == nil {
 		aggregated = []string{}
 	}
+	if from == nil {
+		from = &ListFrom{}
+	}
+	floor := from.Floor.UTC().Truncate(24 * time.Hour) // partitions are days
 	ready := watermark.Unix()
-	rows, err := l.pool.Query(ctx, `WITH c AS (
+	rows, err := l.pool.Query(ctx, `SELECT m.stripe_customer_id, m.event_name FROM {schema}.meter_events m
+		WHERE m.status = 'queued' AND m.stream = $1 AND m.event_ts >= $2 AND (m.stripe_customer_id, m.event_name) > ($3, $4)
+		ORDER BY m.stripe_customer_id, m.event_name, m.event_ts LIMIT $5`, stream, floor, from.After[0], from.After[1], listWindow)
+	if err != nil {
+		return nil, fmt.Errorf("listing unsent meter events: %w", err)
+	}
+	var keyC, keyM []string
+	n := 0
+	for rows.Next() {
+		var c, m string
+		if err := rows.Scan(&c, &m); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("listing unsent meter events: %w", err)
+		}
+		n++
+		if k := len(keyC); k == 0 || keyC[k-1] != c || keyM[k-1] != m {
+			keyC, keyM = append(keyC, c), append(keyM, m)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing unsent meter events: %w", err)
+	}
+	if k := len(keyC); n == listWindow && k > 0 {
+		from.After = [2]string{keyC[k-1], keyM[k-1]}
+	} else {
+		from.After = [2]string{} // the end: from the start next time
+	}
+	readySQL := `(m.event_name <> ALL($4::text[]) OR m.event_ts < to_timestamp($5::bigint) AND ` + bucketSQL("m") + ` < $5::bigint)`
+	rows, err = l.pool.Query(ctx, `WITH a AS (
+			SELECT * FROM {schema}.meter_events m WHERE m.status = 'queued' AND m.stream = $1 AND m.event_ts >= $6 AND `+readySQL+`
+			ORDER BY m.event_ts LIMIT $9
+		), b AS (
+			SELECT q.* FROM unnest($7::text[], $8::text[]) AS k(sc, name)
+			CROSS JOIN LATERAL (SELECT * FROM {schema}.meter_events m WHERE m.status = 'queued' AND m.stream = $1
+				AND m.stripe_customer_id = k.sc AND m.event_name = k.name AND m.event_ts >= $6 AND `+readySQL+`
+				ORDER BY m.event_ts LIMIT 1) q
+		), s AS (
+			SELECT * FROM {schema}.meter_events m WHERE m.status = 'sending' AND m.stream = $1 AND m.aggregate IS NULL
+				AND m.event_ts >= $6 AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $2)
+			ORDER BY m.event_ts LIMIT $9
+		), c AS (
 			SELECT DISTINCT ON (m.stripe_customer_id, m.event_name) m.*
-			FROM (
-				SELECT * FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1 AND aggregate IS NULL
-					AND (lease_expires_at IS NULL OR lease_expires_at <= $2)
-				UNION ALL
-				SELECT * FROM {schema}.meter_events m WHERE status = 'queued' AND stream = $1
-					AND (m.event_name <> ALL($4::text[])
-						OR m.event_ts < to_timestamp($5::bigint) AND `+bucketSQL("m")+` < $5::bigint)
-			) m
+			FROM (SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM s) m
 			ORDER BY m.stripe_customer_id, m.event_name, m.status = 'queued', m.event_ts, m.identifier
 		)
 		SELECT `+recordCols+` FROM c m
 		LEFT JOIN {schema}.meter_inflight s ON s.stripe_customer_id = m.stripe_customer_id AND s.event_name = m.event_name
 		WHERE s.token IS NULL OR s.expires_at <= $2
-		ORDER BY m.event_ts LIMIT $3`, stream, now, limit, aggregated, ready)
+		ORDER BY m.event_ts LIMIT $3`, stream, now, limit, aggregated, ready, floor, keyC, keyM, listWindow)
 	if err != nil {
 		return nil, fmt.Errorf("listing unsent meter events: %w", err)
 	}
 	return collectRecords(rows)
 }
 
-// NextUnsent is the next event of one customer-meter of stream to send,
-// by Unsent's order (one left sending by a holder that is gone, then the
-// oldest queued), ignoring its slot (the caller holds it or is about to
-// ask Reserve for it). ok is false when it has none.
-func (l *Ledger) NextUnsent(ctx context.Context, stream, stripeCustomerID, eventName string) (r Record, ok bool, err error) {
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3
-			AND (m.status = 'queued' OR m.status = 'sending' AND m.aggregate IS NULL
-				AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $4))
-		ORDER BY m.status = 'queued', m.event_ts, m.identifier LIMIT 1`,
-		stream, stripeCustomerID, eventName, l.clock.Now().UTC())
-	if err != nil {
-		return r, false, fmt.Errorf("finding the next meter event of %s/%s: %w", stripeCustomerID, eventName, err)
+// UnsentFloor is the timestamp of stream's oldest event not yet sent
+// (queued or sending), or now less an hour when it has none: a sender's
+// ListFrom.Floor.
+func (l *Ledger) UnsentFloor(ctx context.Context, stream string) (time.Time, error) {
+	var t *time.Time
+	if err := l.pool.QueryRow(ctx, `SELECT least(
+			(SELECT min(event_ts) FROM {schema}.meter_events WHERE status = 'queued' AND stream = $1),
+			(SELECT min(event_ts) FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1))`, stream).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("finding the oldest unsent meter event: %w", err)
 	}
-	recs, err := collectRecords(rows)
-	if err != nil || len(recs) == 0 {
-		return r, false, err
+	if t == nil {
+		return l.clock.Now().UTC().Add(-time.Hour), nil
 	}
-	return recs[0], true, nil
+	return t.UTC(), nil
 }
 
 func collectRecords(rows pgx.Rows) ([]Record, error) {
