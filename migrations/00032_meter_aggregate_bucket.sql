@@ -19,6 +19,12 @@
 ALTER TABLE meter_aggregates ADD COLUMN bucket_seconds integer NOT NULL DEFAULT 1
 	CONSTRAINT meter_aggregates_bucket_divides_an_hour CHECK (bucket_seconds BETWEEN 1 AND 3600 AND 3600 % bucket_seconds = 0);
 COMMENT ON COLUMN meter_aggregates.bucket_seconds IS 'Width of the event-time bucket the aggregate was formed with (seconds; divides an hour).';
+COMMENT ON COLUMN meter_aggregates.second IS 'Start of the bucket of event time (aligned to bucket_seconds): the timestamp sent to Stripe.';
+COMMENT ON COLUMN meter_aggregates.arrival_second IS 'Arrival bucket: max(entry second, event second) of every member, aligned down to bucket_seconds.';
+COMMENT ON TABLE meter_aggregates IS 'One Stripe call carrying the sum of a customer-meter''s events of one bucket of event time (a second by default); members in meter_events.aggregate.';
 
 -- +goose Down
+COMMENT ON TABLE meter_aggregates IS 'One Stripe call carrying the sum of a customer-meter''s events of one second; members in meter_events.aggregate.';
+COMMENT ON COLUMN meter_aggregates.arrival_second IS 'Arrival bucket: max(entry second, event second) of every member.';
+COMMENT ON COLUMN meter_aggregates.second IS NULL;
 ALTER TABLE meter_aggregates DROP COLUMN bucket_seconds;
