@@ -50,7 +50,7 @@ func (w *usageWorld) aggregate(cust string, ts time.Time, res meterledger.Result
 	// The group's ingest watermark just past ts's second: its bucket (the
 	// entries' ids are of 1970, so the bucket is ts's second) is formed.
 	mark := time.Unix(ts.Unix()+1, 0)
-	a, _, ok, err := w.meters.FormAggregate(ctx, testNS, ledgerStream, w.meter, cust, mark, "test", time.Minute)
+	a, _, ok, err := w.meters.FormAggregate(ctx, testNS, ledgerStream, w.meter, cust, mark, time.Second, "test", time.Minute)
 	if err != nil || !ok {
 		w.t.Fatalf("forming the aggregate: ok=%v %v", ok, err)
 	}

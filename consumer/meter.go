@@ -75,6 +75,13 @@ type MeterConfig struct {
 	// volume"). Never a count or last meter: Stripe would count one event,
 	// or keep one value (the command line checks the account's meters).
 	AggregateMeters []string
+	// AggregateBucket is the width of an aggregate's bucket of event time;
+	// default meterledger.DefaultBucket (a second). Wider (whole seconds
+	// dividing an hour: meterledger.CheckBucket), a bucket's events go as
+	// one call at the bucket's start: fewer calls to catch up a backlog,
+	// but usage after a subscription period boundary inside the bucket is
+	// invoiced in the earlier period.
+	AggregateBucket time.Duration
 	Witness         LedgerWitness // see Config.Witness
 	// Paused: see Config.Paused. A paused meter consumer reads nothing and
 	// sends nothing; a batch read before the pause stays pending (its own
@@ -102,6 +109,7 @@ func (c *MeterConfig) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, 16)
 	c.Pipeline = cmp.Or(c.Pipeline, 2)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.AggregateBucket = cmp.Or(c.AggregateBucket, meterledger.DefaultBucket)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -142,6 +150,9 @@ func NewMeterConsumer(cfg MeterConfig) (*MeterConsumer, error) {
 	cfg.setDefaults()
 	if cfg.Redis == nil || cfg.DB == nil || cfg.Stripe == nil || cfg.Stream == "" || cfg.Group == "" {
 		return nil, errors.New("consumer: a meter consumer needs Redis, DB, Stripe, Stream and Group")
+	}
+	if err := meterledger.CheckBucket(cfg.AggregateBucket); err != nil {
+		return nil, fmt.Errorf("consumer: AggregateBucket: %w", err)
 	}
 	l, err := meterledger.New(cfg.DB, meterledger.Config{Schema: cfg.Schema, Clock: cfg.Clock, SafeWindow: cfg.SafeWindow})
 	if err != nil {

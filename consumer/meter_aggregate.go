@@ -119,7 +119,8 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	// Workers transactions together.
 	parallel(c.cfg.Workers, len(cands), func(i int) {
 		r := cands[i]
-		a, members, ok, err := c.ledger.FormAggregateFrom(ctx, r.EventTS, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID, mark.Time(),
+		a, members, ok, err := c.ledger.FormAggregateFrom(ctx, r.EventTS, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID,
+			mark.Time(), c.cfg.AggregateBucket,
 			c.cfg.Name, c.cfg.Lease)
 		mu.Lock()
 		defer mu.Unlock()

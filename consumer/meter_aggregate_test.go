@@ -223,7 +223,7 @@ func (b *bundle) formWhenReady(t *testing.T, l *meterledger.Ledger, customer, ow
 			t.Fatal(err)
 		}
 		var ok bool
-		a, members, ok, err = l.FormAggregate(context.Background(), "test", b.stream, meterName, customer, mark.Time(), owner, lease)
+		a, members, ok, err = l.FormAggregate(context.Background(), "test", b.stream, meterName, customer, mark.Time(), time.Second, owner, lease)
 		if err != nil {
 			t.Fatal(err)
 		}

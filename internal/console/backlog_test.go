@@ -45,7 +45,7 @@ func (w *meterWorld) aggregate(stream, cust string, ts time.Time) meterledger.Ag
 	w.t.Helper()
 	ctx := context.Background()
 	// The group's ingest watermark just past ts's second: its bucket is formed.
-	a, members, ok, err := w.meters.FormAggregate(ctx, testNS, stream, "api_requests", cust, time.Unix(ts.Unix()+1, 0), "test", time.Minute)
+	a, members, ok, err := w.meters.FormAggregate(ctx, testNS, stream, "api_requests", cust, time.Unix(ts.Unix()+1, 0), time.Second, "test", time.Minute)
 	if err != nil || !ok || len(members) == 0 {
 		w.t.Fatalf("forming the aggregate: ok=%v %v", ok, err)
 	}

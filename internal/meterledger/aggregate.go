@@ -18,7 +18,9 @@ import (
 // Stripe call carries the sum of a customer-meter's queued events whose
 // timestamps share one second (ts.Unix()). Stripe keeps a meter event's
 // timestamp in whole seconds, so its summaries see what per-event sends
-// would have shown. The aggregate's identifier and members are written in
+// would have shown. A wider bucket (bucket.go: a width dividing an hour,
+// to catch up a backlog in fewer calls) sends its members' sum at the
+// bucket's start instead. The aggregate's identifier and members are written in
 // one transaction before its first call and never recomputed: a re-send
 // carries the same identifier and value, so Stripe refuses it as a
 // duplicate if an earlier attempt got through; each event is a member of
@@ -33,10 +35,16 @@ type Aggregate struct {
 	Stream           string
 	EventName        string
 	StripeCustomerID string
-	Second           time.Time
-	// ArrivalSecond is the arrival bucket b of every member (0: formed
-	// before buckets were kept); LateJoin: formed after another aggregate
-	// of the same second and bucket (FormAggregate).
+	// Second is the start of its bucket of event time, the timestamp it
+	// is sent with: its members' second with the default width.
+	Second time.Time
+	// Bucket is the width it was formed with (DefaultBucket for
+	// aggregates formed before widths were kept).
+	Bucket time.Duration
+	// ArrivalSecond is the arrival bucket of every member, aligned down
+	// to Bucket (0: formed before buckets were kept); LateJoin: formed
+	// after another aggregate of the same second, arrival and width
+	// (FormAggregate).
 	ArrivalSecond  int64
 	LateJoin       bool
 	Value          int64
@@ -150,25 +158,44 @@ func secondSQL(m string) string { return `floor(extract(epoch FROM ` + m + `.eve
 // stores form the same aggregate under the same identifier. ok is false
 // when the slot is taken or no bucket is ready.
 //
+// width (0: DefaultBucket; else CheckBucket's) widens both halves of the
+// key alike: the members' seconds share one bucket [t, t+width) and their
+// arrival buckets b one bucket [B, B+width), t and B aligned down to the
+// width from the epoch; it is formed once the watermark passed B+width
+// (every entry of a second below it acked, so every member is in the
+// ledger; a later arrival falls in a later B) and sent with timestamp t.
+// Each event belongs to one aggregate whatever the width of the runs that
+// meet it: only queued events join one, and one formed is saved with its
+// members and its width and never recomputed. The identifier hashes t and
+// the members, not the width (the same members at the same t are the same
+// call); the late-join count is per width.
+//
 // A bucket formed before (a late join: a row queued after its bucket was
 // formed, though its entry was below the watermark then: a replay that
 // kept its entry, a restore, a Redis clock that stepped back) is formed
 // again as another aggregate of its late members (LateJoin; another
 // identifier): each counted once.
 func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, watermark time.Time,
-	owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
-	return l.FormAggregateFrom(ctx, time.Time{}, namespace, stream, eventName, stripeCustomerID, watermark, owner, lease)
+	width time.Duration, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
+	return l.FormAggregateFrom(ctx, time.Time{}, namespace, stream, eventName, stripeCustomerID, watermark, width, owner, lease)
 }
 
 // FormAggregateFrom is FormAggregate for buckets of events no older than
 // from's day (a sender's candidate, meterledger.Candidates): only the
 // partitions from that day on are planned and read. An older event is
-// formed by a later call from its own day.
+// formed by a later call from its own day. (A bucket never spans two days:
+// its width divides an hour.)
 func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespace, stream, eventName, stripeCustomerID string,
-	watermark time.Time, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
+	watermark time.Time, width time.Duration, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
 	floor := from.UTC().Truncate(24 * time.Hour) // partitions are days
+	w, err := bucketSeconds(width)
+	if err != nil {
+		return a, nil, false, err
+	}
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
-	ready := watermark.Unix() // buckets b < ready have ended at or before the watermark
+	// Arrival buckets [B, B+w) with B+w <= the watermark's second, that is
+	// every b < ready, have ended at or before the watermark.
+	ready := alignDown(watermark.Unix(), w)
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
 		return a, nil, false, err
@@ -189,11 +216,12 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 	if err != nil {
 		return a, nil, false, fmt.Errorf("finding a meter aggregate to form: %w", err)
 	}
-	second := time.Unix(sec, 0).UTC()
+	second, bucket := time.Unix(alignDown(sec, w), 0).UTC(), alignDown(bucket, w)
 	rows, err := tx.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
 		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
-			AND m.event_ts >= $4 AND m.event_ts < $5 AND `+bucketSQL("m")+` = $6::bigint
-		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Second), bucket)
+			AND m.event_ts >= $4 AND m.event_ts < $5 AND `+bucketSQL("m")+` >= $6::bigint AND `+bucketSQL("m")+` < $7::bigint
+		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Duration(w)*time.Second),
+		bucket, bucket+w)
 	if err != nil {
 		return a, nil, false, err
 	}
@@ -206,7 +234,8 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 	}
 	var earlier int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM {schema}.meter_aggregates WHERE stream = $1 AND stripe_customer_id = $2
-		AND event_name = $3 AND second = $4 AND arrival_second = $5`, stream, stripeCustomerID, eventName, second, bucket).Scan(&earlier); err != nil {
+		AND event_name = $3 AND second = $4 AND arrival_second = $5 AND bucket_seconds = $6`, stream, stripeCustomerID, eventName, second, bucket,
+		w).Scan(&earlier); err != nil {
 		return a, nil, false, err
 	}
 	ids := make([]string, len(members))
@@ -245,7 +274,8 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 		ident = aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids)
 	}
 	a = Aggregate{Identifier: ident, Stream: stream,
-		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, ArrivalSecond: bucket, LateJoin: earlier > 0,
+		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, Bucket: time.Duration(w) * time.Second,
+		ArrivalSecond: bucket, LateJoin: earlier > 0,
 		Value: sum, Members: len(members), Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1,
 		LeaseOwner: owner, slotToken: tok}
 	holder, exp := &owner, new(time.Time)
@@ -254,10 +284,11 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 		holder, exp, a.FirstSentAt, a.OutcomeUnknown, a.LeaseOwner = nil, nil, firstSent, true, ""
 	}
 	if err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
-			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $13, $12, $14) RETURNING epoch`,
+			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown,
+			bucket_seconds)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $13, $12, $14, $15) RETURNING epoch`,
 		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, a.FirstSentAt, holder, exp, bucket,
-		now, unknown).Scan(&a.Epoch); err != nil {
+		now, unknown, w).Scan(&a.Epoch); err != nil {
 		return a, nil, false, fmt.Errorf("recording meter aggregate: %w", err)
 	}
 	ts, mids := make([]time.Time, len(members)), make([]string, len(members))
@@ -324,14 +355,15 @@ func (l *Ledger) UnformAggregate(ctx context.Context, a Aggregate) (bool, error)
 
 var aggCols = `a.identifier, a.stream, a.event_name, a.stripe_customer_id, a.second, a.value, a.members, a.digest, a.status,
 	a.first_sent_at, a.attempts, a.outcome_unknown, a.epoch, coalesce(a.lease_owner, ''), coalesce(a.last_error, ''),
-	coalesce(a.arrival_second, 0)`
+	coalesce(a.arrival_second, 0), a.bucket_seconds`
 
 func scanAggregate(r pgx.Row) (Aggregate, error) {
 	var a Aggregate
 	var st string
+	var w int64
 	err := r.Scan(&a.Identifier, &a.Stream, &a.EventName, &a.StripeCustomerID, &a.Second, &a.Value, &a.Members, &a.Digest, &st,
-		&a.FirstSentAt, &a.Attempts, &a.OutcomeUnknown, &a.Epoch, &a.LeaseOwner, &a.LastError, &a.ArrivalSecond)
-	a.Status, a.Second, a.FirstSentAt = Status(st), a.Second.UTC(), a.FirstSentAt.UTC()
+		&a.FirstSentAt, &a.Attempts, &a.OutcomeUnknown, &a.Epoch, &a.LeaseOwner, &a.LastError, &a.ArrivalSecond, &w)
+	a.Status, a.Second, a.FirstSentAt, a.Bucket = Status(st), a.Second.UTC(), a.FirstSentAt.UTC(), time.Duration(w)*time.Second
 	return a, err
 }
 

@@ -30,7 +30,7 @@ func TestAggregateMembersAreFixedByTheStream(t *testing.T) {
 	later := ingestReq(mev("cus_a", "tokens", 11, sec.Add(500*time.Millisecond)), id((s+6)*1000+200, 0))
 	form := func(watermark time.Time) (meterledger.Aggregate, []meterledger.Record, bool) {
 		t.Helper()
-		a, ms, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_a", watermark, "c", time.Minute)
+		a, ms, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_a", watermark, time.Second, "c", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestAggregateOfUnknownMembersIsLeftToATakeover(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `UPDATE meter_events SET outcome_unknown = true WHERE identifier = $1`, reqs[0].Identifier); err != nil {
 		t.Fatal(err)
 	}
-	a, ms, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_u", time.Unix(s+10, 0), "c", time.Minute)
+	a, ms, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_u", time.Unix(s+10, 0), time.Second, "c", time.Minute)
 	want := meterledger.AggregateIdentifier("test", "tokens", "cus_u", sec, []string{reqs[0].Identifier, reqs[1].Identifier})
 	if err != nil || ok || len(ms) != 2 || a.Identifier != want || !a.OutcomeUnknown {
 		t.Fatalf("forming with a member of unknown outcome: ok %v (want false: not sent now), %d members, %s unknown %v (%v); want %s",
@@ -134,7 +134,7 @@ func TestAggregateOfUnknownMembersIsLeftToATakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clk.Advance(meterledger.DefaultSafeWindow + time.Minute)
-	if _, _, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_v", time.Unix(s+10, 0), "c", time.Minute); err != nil || ok {
+	if _, _, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_v", time.Unix(s+10, 0), time.Second, "c", time.Minute); err != nil || ok {
 		t.Fatalf("forming past the window: ok %v (%v), want not sent", ok, err)
 	}
 	stale, err = b.l.StaleAggregates(ctx, "usage", 10)

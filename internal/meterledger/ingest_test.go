@@ -150,7 +150,7 @@ func TestALostAggregateIsRestoredAsTheSameCall(t *testing.T) {
 	evs := []meterledger.IngestRequest{ingestReq(mev("cus_a", "tokens", 2, sec), "1-0"),
 		ingestReq(mev("cus_a", "tokens", 5, sec.Add(300*time.Millisecond)), "1-1")}
 	b.ingest(t, evs...)
-	a, members, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_a", sec.Add(time.Second), "dead", time.Second)
+	a, members, ok, err := b.l.FormAggregate(ctx, "test", "usage", "tokens", "cus_a", sec.Add(time.Second), time.Second, "dead", time.Second)
 	if err != nil || !ok || len(members) != 2 || a.Value != 7 {
 		t.Fatalf("forming: ok %v, %d members, value %d (%v)", ok, len(members), a.Value, err)
 	}

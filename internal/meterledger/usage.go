@@ -108,8 +108,10 @@ type WindowEvent struct {
 // reports that the window holds more than limit. An event delivered inside
 // an aggregate is not returned on its own: its aggregate is, under the
 // identifier Stripe saw (a re-send of a member under its own identifier
-// would be counted again). Windows are whole hours or days, so an
-// aggregate's second and its members fall in the same one.
+// would be counted again). Windows are whole hours or days and an
+// aggregate's bucket (a width dividing an hour, aligned to it: CheckBucket)
+// lies inside one hour, so its start, the timestamp Stripe keeps, and its
+// members fall in the same window.
 func (l *Ledger) DeliveredInWindow(ctx context.Context, eventName, customer string, from, to time.Time, limit int) (evs []WindowEvent, more bool, err error) {
 	rows, err := l.pool.Query(ctx, `SELECT identifier, event_ts, value, first_sent_at FROM (
 			SELECT identifier, event_ts, value, first_sent_at FROM {schema}.meter_events

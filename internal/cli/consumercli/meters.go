@@ -15,6 +15,7 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/cli"
+	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/stripeapi"
 	"github.com/pelguard/pelguard/stripelimit"
 )
@@ -36,7 +37,10 @@ field equal and no event_id are one event. Invalid events go to <stream>:dead wi
 
 With --send-from-ledger, events are recorded in the ledger and acked, then sent from it; with
 --aggregate-meters too, one call carries the sum of a customer's events of one second that
-arrived in one second, formed once every entry up to that second is in the ledger.
+arrived in one second, formed once every entry up to that second is in the ledger. A wider
+--aggregate-bucket (e.g. 1m) catches up a backlog in fewer calls: a bucket's events are sent at
+the bucket's start, so usage after a subscription period boundary inside the bucket is invoiced
+in the earlier period. Keep 1s unless catching up a backlog.
 
 Stripe permissions (a restricted key): Billing Meter Events Write; with --aggregate-meters also
 Billing Meters Read (checked at start). Exit status: 0 stopped cleanly, 2 bad flags, 3 Redis or
@@ -54,6 +58,8 @@ type MeterOptions struct {
 	SendFromLedger bool
 	// AggregateMeters: --aggregate-meters, comma-separated event names.
 	AggregateMeters string
+	// AggregateBucket: --aggregate-bucket, an aggregate's width of event time.
+	AggregateBucket time.Duration
 	Lease           time.Duration
 	SafeWindow      time.Duration
 
@@ -74,6 +80,10 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.AggregateMeters, "aggregate-meters", "", "comma-separated event names of sum meters (NAME[,NAME]) whose events of one "+
 		"second go to Stripe as one call carrying their sum, exact through a rollback of Redis and Postgres together; "+
 		"needs --send-from-ledger; refused at start for a count or last meter")
+	fs.DurationVar(&o.AggregateBucket, "aggregate-bucket", meterledger.DefaultBucket, "width of an aggregate's bucket of event time: "+
+		"a bucket's events go as one call timestamped at the bucket's start; wider than 1s (any width dividing an hour: "+
+		"1s,2s,5s,10s,15s,30s,1m,5m,15m,1h…) catches up a backlog in fewer calls, but usage after a subscription period "+
+		"boundary inside a bucket is invoiced in the earlier period; keep 1s unless catching up a backlog")
 	fs.DurationVar(&o.Lease, "lease", consumer.DefaultLease, "meter ledger lease and customer-meter slot; renewed every lease/3")
 	fs.DurationVar(&o.SafeWindow, "safe-window", 23*time.Hour, "an event whose outcome is unknown is sent again only this long after its first attempt (below Stripe's 24 h)")
 }
@@ -95,6 +105,12 @@ func (o *MeterOptions) Validate() error {
 			"add --send-from-ledger to every meter consumer of the ledger, or drop --aggregate-meters")
 	case o.AggregateMeters != "" && len(o.aggregate) == 0:
 		return cli.Usagef("--aggregate-meters %q names no meter: give event names separated by commas", o.AggregateMeters)
+	case meterledger.CheckBucket(o.AggregateBucket) != nil:
+		return cli.Usagef("--aggregate-bucket %s: give a whole number of seconds that divides an hour evenly (%s), e.g. "+
+			"--aggregate-bucket 1m to catch up a backlog, or leave it at 1s", o.AggregateBucket, meterledger.Buckets)
+	case o.AggregateBucket != meterledger.DefaultBucket && len(o.aggregate) == 0:
+		return cli.Usagef("--aggregate-bucket %s applies to aggregated meters only: add --aggregate-meters NAME[,NAME], "+
+			"or drop --aggregate-bucket", o.AggregateBucket)
 	case o.Count <= 0 || o.Workers <= 0:
 		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
 	case o.Pipeline < 1 || o.Pipeline > 16:
@@ -153,7 +169,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, AggregateMeters: o.aggregate, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, AggregateMeters: o.aggregate, AggregateBucket: o.AggregateBucket, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))

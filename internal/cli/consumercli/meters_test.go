@@ -164,3 +164,32 @@ func TestCheckAggregateMeters(t *testing.T) {
 		}
 	}
 }
+
+// `--aggregate-bucket`: a width that does not divide an hour is refused at
+// start with the widths allowed, and so is a bucket without aggregated
+// meters, each with the fix.
+func TestMeterEventsCommandChecksTheAggregateBucket(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--send-from-ledger", "--aggregate-meters", "api_requests", "--aggregate-bucket", "7s"},
+			[]string{"--aggregate-bucket 7s", "divides an hour evenly", "--aggregate-bucket 1m to catch up a backlog"}},
+		{[]string{"--send-from-ledger", "--aggregate-meters", "api_requests", "--aggregate-bucket", "1500ms"},
+			[]string{"--aggregate-bucket 1.5s", "whole number of seconds"}},
+		{[]string{"--send-from-ledger", "--aggregate-meters", "api_requests", "--aggregate-bucket", "2h"},
+			[]string{"--aggregate-bucket 2h0m0s", "divides an hour evenly"}},
+		{[]string{"--send-from-ledger", "--aggregate-bucket", "1m"},
+			[]string{"--aggregate-bucket 1m0s applies to aggregated meters only", "add --aggregate-meters"}},
+	} {
+		code, _, errs := call(context.Background(), append([]string{"meter-events"}, c.args...)...)
+		if code != 2 {
+			t.Fatalf("%v: exit %d, want 2: %s", c.args, code, errs)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errs, w) {
+				t.Fatalf("%v: %q does not say %q", c.args, errs, w)
+			}
+		}
+	}
+}
