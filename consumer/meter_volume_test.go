@@ -268,12 +268,13 @@ func (b *bundle) volumeState(t *testing.T, want map[string]int64, n int64) (done
 		t.Fatal(err)
 	}
 	drained := b.drained(t)
-	if len(short) > 8 {
-		short = append(short[:8], fmt.Sprintf("and %d more", len(short)-8))
+	nshort := len(short)
+	if nshort > 8 {
+		short = append(short[:8], fmt.Sprintf("and %d more", nshort-8))
 	}
-	return len(short) == 0 && delivered == n && sending == 0 && drained, fmt.Sprintf(
+	return nshort == 0 && delivered == n && sending == 0 && drained, fmt.Sprintf(
 		"customers short at Stripe: %d [%s]; ledger: %d of %d delivered, %d aggregates sending; stream drained: %v (%d pending); emulator %+v",
-		len(short), strings.Join(short, ", "), delivered, n, sending, drained, b.pending(t), b.sim.MeterEventCounts())
+		nshort, strings.Join(short, ", "), delivered, n, sending, drained, b.pending(t), b.sim.MeterEventCounts())
 }
 
 // assertVolumeExact waits (volumeDrainBound) until every customer's total
