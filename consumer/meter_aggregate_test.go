@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -321,75 +320,4 @@ func (b *bundle) deadLetters(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// The load the stream stalled under when it sent per event from the
-// pending entries: one customer at 200 events/s for 30 s beside 50 quiet
-// ones at 1 event/s, Stripe answering in 100 ms, two consumers sending
-// from the ledger with per-second aggregates: every event counted exactly
-// once and everything counted within 120 s of the last event. (-short:
-// 10 s of load.)
-func TestBusyCustomerAtVolume(t *testing.T) {
-	t.Parallel()
-	seconds := 30
-	if testing.Short() {
-		seconds = 10
-	}
-	now := time.Now().UTC()
-	b := meterWorld(t, now)
-	if err := b.sim.SetFaults(stripesim.Faults{MeterEventLatency: 100 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	for _, name := range []string{"m-a", "m-b"} {
-		c := b.aggConsumer(t, name, 30*time.Second)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = c.Run(ctx) }()
-	}
-	var all []event.MeterEvent
-	tuples := map[string]bool{}
-	tick := time.NewTicker(100 * time.Millisecond) // 20 busy + 5 quiet events a tick
-	for k := range seconds * 10 {
-		<-tick.C
-		at := time.Now().UTC()
-		var evs []event.MeterEvent
-		for i := range 20 {
-			evs = append(evs, meterEvent(0, k*20+i, at.Add(time.Duration(i)*time.Millisecond)))
-		}
-		for q := range 5 {
-			evs = append(evs, meterEvent(1+(k%10)*5+q, k, at))
-		}
-		for _, e := range evs {
-			tuples[e.StripeCustomerID+"@"+fmt.Sprint(e.Timestamp.Unix())] = true
-		}
-		b.addMeter(t, evs...)
-		all = append(all, evs...)
-	}
-	tick.Stop()
-	last := time.Now()
-	want := sums(all)
-	testenv.Eventually(t, 120*time.Second, func() bool {
-		for cus, v := range want {
-			if b.sim.MeterTotal(meterName, cus) != v {
-				return false
-			}
-		}
-		return true
-	}, "not every customer was counted within 120 s of the last event (%+v)", b.sim.MeterEventCounts())
-	drained := time.Since(last)
-	time.Sleep(500 * time.Millisecond)
-	cancel()
-	wg.Wait()
-	b.assertMeterTotals(t, want)
-	calls := b.sim.MeterEventCounts()
-	t.Logf("%d events of %d customers over %d s: counted %s after the last; %d Stripe calls for %d (customer, second) tuples",
-		len(all), len(want), seconds, drained.Round(time.Millisecond), calls.Recorded, len(tuples))
-	if calls.Concurrent != 0 || calls.Recorded > int64(2*len(tuples)) {
-		t.Fatalf("emulator %+v: want at most %d calls, none concurrent per customer-meter", calls, 2*len(tuples))
-	}
-	if p := b.pending(t); p != 0 {
-		t.Fatalf("%d entries still pending", p)
-	}
 }
