@@ -5,6 +5,8 @@ SERVICES  := scripts/services.sh run
 PKGS      := ./...
 BENCHTIME ?= 1x
 BENCHCOUNT ?= 5
+# BenchmarkUsageAtScale takes about 5 minutes a run: SCALECOUNT runs of it.
+SCALECOUNT ?= 1
 # One name per binary: `make build`, `make install`, releases and the image
 # all give pelguard-consumer, -reaper, -auditor, -console (the names help,
 # docs and units use). A bare `go install ./cmd/...` names them after their
@@ -113,8 +115,9 @@ test: tools deploy-check ## Run every test with -race against real Redis and Pos
 	$(SERVICES) $(GO) test -race -timeout 25m -count=1 $(PKGS)
 	$(SERVICES) $(GO) -C examples/embed test -race -timeout 10m -count=1 ./...
 
-bench: tools ## Run the benchmarks (BENCHCOUNT runs each; compare medians)
-	$(SERVICES) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout 60m $(PKGS)
+bench: tools ## Run the benchmarks (BENCHCOUNT runs each, SCALECOUNT of the full-scale usage run; compare medians)
+	$(SERVICES) $(GO) test -run '^$$' -bench . -skip '^BenchmarkUsageAtScale$$' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -timeout 60m $(PKGS)
+	$(SERVICES) $(GO) test -run '^$$' -bench '^BenchmarkUsageAtScale$$' -benchtime 1x -count $(SCALECOUNT) -timeout 30m ./consumer/
 
 SOAK_DURATION ?= 30m
 soak: ## Run the fleet as processes for SOAK_DURATION (30m; not in make test or CI): Redis, tables, RSS, goroutines sampled each minute, slopes, 0 duplicates, nothing lost (samples in bin/soak)
