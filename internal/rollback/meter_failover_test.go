@@ -67,6 +67,13 @@ type meterDrillOpts struct {
 	// aggregate: and aggregate the meter per second (Stripe then records
 	// fewer events than were produced: counted by totals).
 	fromLedger, aggregate bool
+	// inFlight (with redisRollsBack and aggregate): the first call of the
+	// first inFlight customers in the first half of the stall is held at
+	// the emulator until Redis's rollback point is taken, so their
+	// aggregates are in flight then (witnessed before the call, recorded
+	// by Stripe after). The consumers then take one customer-meter per
+	// round, so a held call holds no one else's.
+	inFlight int
 }
 
 // The same with consumers that send from the ledger: the failover also
@@ -129,7 +136,8 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	const schema = "pelguard"
 	t0 := time.Now().UTC().Truncate(time.Second)
 	clk := clock.NewSim(t0)
-	sim, err := stripesim.New(stripesim.Config{Now: t0, Seed: 11})
+	held := newHeldCalls(t, o.inFlight)
+	sim, err := stripesim.New(stripesim.Config{Now: t0, Seed: 11, OnMeterEventInFlight: held.hook})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +148,12 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	if err := sim.SetFaults(stripesim.Faults{MeterEventLatency: 5 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := stripeapi.New(stripeapi.Config{APIKey: drillKey, BaseURL: sim.URL(), MaxNetworkRetries: -1, Timeout: 10 * time.Second})
+	timeout, workers := 10*time.Second, 0
+	if o.inFlight > 0 {
+		// A held call outlasts no client timeout: it is in flight, not lost.
+		timeout, workers = 90*time.Second, 1
+	}
+	sc, err := stripeapi.New(stripeapi.Config{APIKey: drillKey, BaseURL: sim.URL(), MaxNetworkRetries: -1, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +254,7 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 		}
 		for i, p := range procs[:2] {
 			c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: p.pool, Schema: schema, Stripe: sc,
-				Stream: stream, Group: group, Name: fmt.Sprintf("m%d-%d", i, gen), Namespace: "drill", Count: 10,
+				Stream: stream, Group: group, Name: fmt.Sprintf("m%d-%d", i, gen), Namespace: "drill", Count: 10, Workers: workers,
 				Block: 50 * time.Millisecond, Lease: 5 * time.Second, Witness: p.mon, Logger: testenv.Logger(t), Clock: clk,
 				SendFromLedger: o.fromLedger, AggregateMeters: aggMeters})
 			if err != nil {
@@ -327,9 +340,15 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	if err := cl.StallReplication(ctx); err != nil {
 		t.Fatal(err)
 	}
+	held.arm()
 	xadd(rdb, newEvents("stall-a", meterStallA))
-	sentAll("the first half of the stall")
+	if o.inFlight > 0 {
+		waitInFlight(t, ctx, procs[0].pool, rdb, schema, meterwitness.Key(stream, group), held, all, drained)
+	} else {
+		sentAll("the first half of the stall")
+	}
 	var dumps map[string]string
+	var atRollback *redis.ZSliceCmd
 	stallB := newEvents("stall-b", meterStallB)
 	if o.redisRollsBack {
 		// Redis's state at this instant comes back at the failover: the
@@ -340,14 +359,21 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 		if err := procs[0].pool.QueryRow(ctx, `SELECT ledger_id FROM `+schema+`.ledger_fence`).Scan(&mid); err != nil {
 			t.Fatal(err)
 		}
-		dumps = dumpKeys(t, ctx, rdb, func(pipe redis.Pipeliner) { xadd(pipe, stallB) },
-			stream, mirror, meterwitness.Key(stream, group), meterwitness.RegistryKey(mid))
+		dumps = dumpKeys(t, ctx, rdb, func(pipe redis.Pipeliner) {
+			xadd(pipe, stallB)
+			atRollback = pipe.ZRangeWithScores(ctx, meterwitness.Key(stream, group), 0, -1)
+		}, stream, mirror, meterwitness.Key(stream, group), meterwitness.RegistryKey(mid))
+		held.free() // the held aggregates reach Stripe after the rollback point
 	} else {
 		xadd(rdb, stallB)
 	}
 	sentAll("the second half of the stall")
+	var aggBefore map[string]string
 	if o.dayOutage {
 		stopWorkers()
+		if o.inFlight > 0 {
+			aggBefore = aggregatesOf(t, ctx, procs[0].pool, schema)
+		}
 	}
 
 	loss, err := cl.FailoverLosingCommits(ctx)
@@ -526,12 +552,17 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	if err := procs[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'parked'`).Scan(&parked); err != nil {
 		t.Fatal(err)
 	}
-	if o.dayOutage {
+	switch {
+	case o.dayOutage && o.inFlight > 0:
+		checkAggregatesAfterADay(t, ctx, dayOutageAggregates{pool: procs[0].pool, rdb: rdb, sim: sim, schema: schema, stream: stream,
+			all: all, atRollback: witnessSnapshot(t, atRollback.Val()), before: aggBefore, repairParked: lost["stall-b"],
+			report: report, findings: findings, held: held.customers()})
+	case o.dayOutage:
 		if parked != lost["stall-b"] || findings < parked || !strings.Contains(report, "parked") {
 			t.Fatalf("after a day's outage: %d events parked, %d findings; want the %d lost unacked events parked and named in the report",
 				parked, findings, lost["stall-b"])
 		}
-	} else if parked != 0 {
+	case parked != 0:
 		t.Fatalf("%d events parked; want none (within Stripe's window every event is restored or re-sent)", parked)
 	}
 	// More evidence after the repair (another process's memory) re-opens
