@@ -202,8 +202,13 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 			r.Reason = "parked before the ledger's rollback (restored from the meter witness)"
 		}
 		if r.Status == meterledger.StatusQueued {
-			// Ingested and acked: restored sending, of unknown outcome since
-			// its ingest (no attempt is older), for its stream's senders.
+			// Ingested and acked: restored queued, of unknown outcome since
+			// its ingest (no attempt is older), for its stream's senders; a
+			// member of a witnessed aggregate, sending under it. An aggregate
+			// meter's row restored sending with no aggregate would be sent on
+			// its own beside the aggregate both stores lost, and its bucket
+			// formed again without it under another identifier: both counted
+			// twice.
 			r.FirstSentAt, r.Stream = e.At, s.Stream
 			if !e.FirstSentAt.IsZero() && e.FirstSentAt.Before(e.At) {
 				r.FirstSentAt = e.FirstSentAt
