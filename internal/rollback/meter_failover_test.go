@@ -319,15 +319,21 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	}
 	sentAll := func(what string) {
 		t.Helper()
-		testenv.Eventually(t, 60*time.Second, func() bool {
+		delivered := func() int {
+			var n int
+			_ = procs[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'delivered'`).Scan(&n)
+			return n
+		}
+		testenv.Eventually(t, 90*time.Second, func() bool {
 			if o.aggregate {
-				var n int
-				_ = procs[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.meter_events WHERE status = 'delivered'`).Scan(&n)
-				return n == len(all) && drained()
+				return delivered() == len(all) && drained()
 			}
 			return recorded() == int64(len(all)) && drained()
-		},
-			"%s: %d of %d events counted at the emulator", what, recorded(), len(all))
+		}, "%s: %s", what, lazy(func() string {
+			// Read when the wait ends, not when it begins.
+			return fmt.Sprintf("%d calls recorded at the emulator, %d rows delivered, for %d events; drained %v",
+				recorded(), delivered(), len(all), drained())
+		}))
 	}
 
 	// Before: sent and replicated.
