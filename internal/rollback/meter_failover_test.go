@@ -71,7 +71,8 @@ type meterDrillOpts struct {
 	// first inFlight customers in the first half of the stall is held at
 	// the emulator until Redis's rollback point is taken, so their
 	// aggregates are in flight then (witnessed before the call, recorded
-	// by Stripe after). The consumers then take one customer-meter per
+	// by Stripe after), and one more event of each is ingested behind it
+	// (holdInFlight). The consumers then take one customer-meter per
 	// round, so a held call holds no one else's.
 	inFlight int
 }
@@ -350,21 +351,8 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 	held.arm()
 	xadd(rdb, newEvents("stall-a", meterStallA))
 	if o.inFlight > 0 {
-		testenv.Eventually(t, 60*time.Second, held.all, "the held customers' calls did not reach the emulator")
-		// And one more event of each held customer, added in a later
-		// second (another arrival bucket): ingested and acked behind its
-		// customer's call in flight, its aggregate formed only after.
-		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
-		var behind []meterDrillEvent
-		for i := range o.inFlight {
-			k := len(all) + i
-			behind = append(behind, meterDrillEvent{phase: "stall-a", MeterEvent: event.MeterEvent{EventName: meterDrillMeter,
-				CustomerID: fmt.Sprintf("c_%d", i), StripeCustomerID: fmt.Sprintf("cus_%d", i), Value: int64(1 + k%7),
-				Timestamp: clk.Now(), EventID: fmt.Sprintf("stall-a-behind-%d", k)}})
-		}
-		all = append(all, behind...)
-		xadd(rdb, behind)
-		waitInFlight(t, ctx, procs[0].pool, rdb, schema, meterwitness.Key(stream, group), held, all, drained)
+		all = holdInFlight(t, ctx, procs[0].pool, rdb, schema, meterwitness.Key(stream, group), held, all, clk.Now(),
+			func(evs []meterDrillEvent) { xadd(rdb, evs) }, drained)
 	} else {
 		sentAll("the first half of the stall")
 	}

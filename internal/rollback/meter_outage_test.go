@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
@@ -375,6 +376,30 @@ type pgxRows interface {
 	Next() bool
 	Scan(...any) error
 	Close()
+}
+
+// holdInFlight waits until h holds its customers' first calls of the
+// first half of the stall, adds one more event of each (stamped at, in a
+// later arrival second: ingested and acked behind its customer's call in
+// flight, its aggregate formed only after), and waits for the instant
+// Redis's state is taken at (waitInFlight). It returns all with them.
+func holdInFlight(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, schema, witnessKey string,
+	h *heldCalls, all []meterDrillEvent, at time.Time, add func([]meterDrillEvent), drained func() bool) []meterDrillEvent {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, h.all, "the held customers' calls did not reach the emulator")
+	// The arrival bucket is the second an entry is added (Redis's clock).
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
+	var behind []meterDrillEvent
+	for i := range h.n {
+		k := len(all) + i
+		behind = append(behind, meterDrillEvent{phase: "stall-a", MeterEvent: event.MeterEvent{EventName: meterDrillMeter,
+			CustomerID: fmt.Sprintf("c_%d", i), StripeCustomerID: fmt.Sprintf("cus_%d", i), Value: int64(1 + k%7),
+			Timestamp: at, EventID: fmt.Sprintf("stall-a-behind-%d", k)}})
+	}
+	all = append(all, behind...)
+	add(behind)
+	waitInFlight(t, ctx, pool, rdb, schema, witnessKey, h, all, drained)
+	return all
 }
 
 // waitInFlight waits until every held customer's first aggregate of the
