@@ -24,9 +24,12 @@ type Restored struct {
 	CustomerID       string
 	Value            int64
 	// Status is StatusDelivered, StatusParked or StatusQueued (ingested and
-	// acked, maybe sent since: restored sending, of unknown outcome, its
+	// acked, maybe sent since: restored queued, of unknown outcome, its
 	// first attempt at FirstSentAt — the ingest — so a sender re-sends it
-	// under its identifier within the safe window and parks it past).
+	// under its identifier within the safe window and parks it past; an
+	// aggregate meter's row is formed again into its bucket's aggregate,
+	// the same members under the same identifier, never sent on its own).
+	// A member of a witnessed aggregate is restored sending under it.
 	Status Status
 	// Stream is the stream the event was ingested from (queued ones: the
 	// senders of that stream finish it).
@@ -169,7 +172,7 @@ WITH a AS (
 	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
 		first_sent_at, attempts, epoch, delivered_at, last_error, stream_message_id, created_at, outcome_unknown, stream, aggregate)
 	SELECT DISTINCT ON (a.ts, a.id) a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val,
-		CASE WHEN a.st = 'queued' THEN 'sending' ELSE a.st END, a.first, 1, ` + firstEpoch + `,
+		CASE WHEN a.st = 'queued' AND a.agg <> '' THEN 'sending' ELSE a.st END, a.first, 1, ` + firstEpoch + `,
 		CASE WHEN a.st = 'delivered' THEN $11::timestamptz END, CASE WHEN a.st = 'parked' THEN a.reason END,
 		nullif(a.msg, ''), $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
 	FROM a ORDER BY a.ts, a.id, a.i

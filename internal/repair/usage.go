@@ -202,8 +202,13 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 			r.Reason = "parked before the ledger's rollback (restored from the meter witness)"
 		}
 		if r.Status == meterledger.StatusQueued {
-			// Ingested and acked: restored sending, of unknown outcome since
-			// its ingest (no attempt is older), for its stream's senders.
+			// Ingested and acked: restored queued, of unknown outcome since
+			// its ingest (no attempt is older), for its stream's senders; a
+			// member of a witnessed aggregate, sending under it. An aggregate
+			// meter's row restored sending with no aggregate would be sent on
+			// its own beside the aggregate both stores lost, and its bucket
+			// formed again without it under another identifier: both counted
+			// twice.
 			r.FirstSentAt, r.Stream = e.At, s.Stream
 			if !e.FirstSentAt.IsZero() && e.FirstSentAt.Before(e.At) {
 				r.FirstSentAt = e.FirstSentAt
@@ -240,6 +245,7 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 			}
 		}
 	}
+	safe := u.cfg.Ledger.SafeWindow()
 	for _, g := range aggs {
 		ok, err := u.cfg.Ledger.RestoreAggregate(ctx, meterledger.Aggregate{Identifier: g.Identifier, Stream: s.Stream,
 			EventName: g.EventName, StripeCustomerID: g.StripeCustomerID, Second: g.EventTS, Value: g.Value, Members: len(g.Members),
@@ -247,8 +253,18 @@ func (u *usage) restore(ctx context.Context, s meterwitness.Stream, now time.Tim
 		if err != nil {
 			return err
 		}
-		if ok {
-			u.rep.Restored++
+		if !ok {
+			continue
+		}
+		u.rep.Restored++
+		if now.Sub(g.FirstSentAt) >= safe {
+			// Its outcome is what the repair cannot restore: Stripe may
+			// have counted it, and no longer guards its identifier.
+			u.rep.Findings++
+			u.note("%s/%s: meter aggregate %s (%s/%s, %d events, sum %d, first sent %s) was in flight when the ledger lost it: "+
+				"its outcome is unknown and past the safe window, so the senders park it with its members, never re-sent; "+
+				"compare Stripe's event summaries of that second", s.Stream, s.Group, g.Identifier, g.EventName, g.StripeCustomerID,
+				len(g.Members), g.Value, g.FirstSentAt.UTC().Format(time.RFC3339))
 		}
 	}
 	u.log.Info("meter events restored from the witness", "stream", s.Stream, "group", s.Group, "witnessed", len(evs),
