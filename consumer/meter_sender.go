@@ -34,10 +34,12 @@ type meterKey struct{ customer, eventName string }
 func keyOf(r meterledger.Record) meterKey { return meterKey{r.StripeCustomerID, r.EventName} }
 
 const (
-	// senderRelist is how soon the sender lists again when no round has
-	// ended since it last listed (new events, a slot another consumer
-	// freed); a round that ends lists again at once.
+	// senderRelist is how soon after a listing the sender lists again,
+	// when its list is used up or a round has ended; senderStale is how
+	// old a list gets before it is read again anyway (new events, slots
+	// another consumer freed).
 	senderRelist = 50 * time.Millisecond
+	senderStale  = 500 * time.Millisecond
 	// staleEvery is how often aggregates left sending by a holder that is
 	// gone are looked for (sendAggregates).
 	staleEvery = time.Second
@@ -91,14 +93,18 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		inflight = map[meterKey]bool{}
 		done     = make(chan []meterKey, width)
 		from     meterledger.ListFrom
-		floor    time.Time // the ledger's, read at floorRead
+		floor    time.Time // the ledger's, read at floorAt
 		floorAt  time.Time
+		queue    []meterledger.Record // listed, not started yet
+		listedAt time.Time
+		ended    bool // a round ended since listedAt
 	)
 	defer wg.Wait()
 	free := func(keys []meterKey) {
 		for _, k := range keys {
 			delete(inflight, k)
 		}
+		ended = true
 	}
 	// wait blocks until a round ends (true), d passes or ctx ends.
 	wait := func(d time.Duration) bool {
@@ -122,35 +128,32 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			wait(time.Minute)
 			continue
 		}
-		if time.Since(floorAt) > floorEvery {
-			// What ingest lowers from now on is kept: read after the reset.
-			c.ingestedFrom.Store(math.MaxInt64)
-			f, err := c.ledger.UnsentFloor(ctx, c.cfg.Stream)
-			if err != nil {
+		// Listing costs the ledger a bounded read, not nothing: list again
+		// once the last list is used up, once a round ended (its
+		// customer-meters may have more) and senderRelist has passed, or
+		// once the list is senderStale old.
+		since := time.Since(listedAt)
+		relist := len(queue) == 0 || ended && since >= senderRelist || since >= senderStale
+		if relist && since < senderRelist {
+			wait(senderRelist - since)
+			continue
+		}
+		if relist {
+			if err := c.list(ctx, &from, &floor, &floorAt, &queue, 4*width); err != nil {
 				if ctx.Err() == nil {
 					c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
 					wait(time.Second)
 				}
 				continue
 			}
-			floor, floorAt = f, time.Now()
-		}
-		from.Floor = floor
-		if n := c.ingestedFrom.Load(); n < floor.UnixNano() {
-			from.Floor = time.Unix(0, n).UTC()
-		}
-		cands, err := c.candidates(ctx, width+len(inflight), &from)
-		if err != nil {
-			if ctx.Err() == nil {
-				c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
-				wait(time.Second)
-			}
-			continue
+			listedAt, ended = time.Now(), false
 		}
 		var round []meterledger.Record
 		var keys []meterKey
-		for _, r := range cands {
-			if k := keyOf(r); !inflight[k] && len(round) < min(c.cfg.Workers, width-len(inflight)) {
+		for len(queue) > 0 && len(round) < min(c.cfg.Workers, width-len(inflight)) {
+			r := queue[0]
+			queue = queue[1:]
+			if k := keyOf(r); !inflight[k] {
 				inflight[k] = true
 				round, keys = append(round, r), append(keys, k)
 			}
@@ -186,6 +189,31 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// list reads the ledger's floor when floorEvery has passed and lists up
+// to limit candidates from it into queue.
+func (c *MeterConsumer) list(ctx context.Context, from *meterledger.ListFrom, floor, floorAt *time.Time,
+	queue *[]meterledger.Record, limit int) error {
+	if time.Since(*floorAt) > floorEvery {
+		// What ingest lowers from now on is kept: read after the reset.
+		c.ingestedFrom.Store(math.MaxInt64)
+		f, err := c.ledger.UnsentFloor(ctx, c.cfg.Stream)
+		if err != nil {
+			return err
+		}
+		*floor, *floorAt = f, time.Now()
+	}
+	from.Floor = *floor
+	if n := c.ingestedFrom.Load(); n < floor.UnixNano() {
+		from.Floor = time.Unix(0, n).UTC()
+	}
+	cands, err := c.candidates(ctx, limit, from)
+	if err != nil {
+		return err
+	}
+	*queue = cands
+	return nil
 }
 
 // candidates lists the customer-meters to send next, the oldest unsent
