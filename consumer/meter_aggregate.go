@@ -17,9 +17,10 @@ import (
 	"github.com/pelguard/pelguard/stripeapi"
 )
 
-// Per-second aggregates of sum meters (MeterConfig.AggregateMeters): one
-// call carries the sum of a customer-meter's queued events of one second
-// that arrived in one arrival bucket, formed once the group's ingest
+// Aggregates of sum meters (MeterConfig.AggregateMeters): one call carries
+// the sum of a customer-meter's queued events of one bucket of
+// MeterConfig.AggregateBucket (a second by default) that arrived in one
+// arrival bucket, formed once the group's ingest
 // watermark has passed the bucket (so its members are fixed by the
 // stream), under an identifier saved with its members before the first
 // call (meterledger.FormAggregate) and witnessed before it, so a re-send

@@ -74,7 +74,7 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.Count, "count", 100, "entries per read, reserved and recorded in one transaction each")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
 	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once per batch (one per customer and meter)")
-	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
+	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16); with --send-from-ledger, --workers × --pipeline customer-meters are sent to at once")
 	fs.BoolVar(&o.SendFromLedger, "send-from-ledger", false, "record each event in the ledger at ingest and ack it, and send from the ledger: "+
 		"a busy customer's backlog never delays another's; fences the ledger against per-event consumers for good")
 	fs.StringVar(&o.AggregateMeters, "aggregate-meters", "", "comma-separated event names of sum meters (NAME[,NAME]) whose events of one "+
