@@ -44,8 +44,14 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 	if err != nil {
 		return b, msgs, err
 	}
-	for _, r := range reqs {
-		c.ingested(r.Event.Timestamp)
+	if len(reqs) > 0 {
+		oldest := reqs[0].Event.Timestamp
+		for _, r := range reqs[1:] {
+			if r.Event.Timestamp.Before(oldest) {
+				oldest = r.Event.Timestamp
+			}
+		}
+		c.ingested(oldest)
 	}
 	var acks []string
 	var sent []meterwitness.Sent

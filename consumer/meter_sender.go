@@ -106,18 +106,16 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		}
 		ended = true
 	}
-	// wait blocks until a round ends (true), d passes or ctx ends.
-	wait := func(d time.Duration) bool {
+	// wait blocks until a round ends, d passes or ctx ends.
+	wait := func(d time.Duration) {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case keys := <-done:
 			free(keys)
-			return true
 		case <-t.C:
 		case <-ctx.Done():
 		}
-		return false
 	}
 	for ctx.Err() == nil {
 		if c.paused() {
