@@ -195,15 +195,18 @@ func (c *MeterConsumer) count(b *MeterBatch, id string, o Outcome) {
 // Pipeline batches are in flight at once, so the next batch's ledger work
 // and calls overlap the slowest calls of the one before; entries of a batch
 // in flight are never handed to another.
+//
+// A ctx that ends while Run starts is a stop, not a failure: Run returns
+// nil then, as it does once running.
 func (c *MeterConsumer) Run(ctx context.Context) error {
 	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
-		return err
+		return stoppedOr(ctx, err)
 	}
 	defer c.beatWhileRunning(ctx)()
 	defer c.watchBacklogWhileRunning(ctx)()
 	waitSenders, err := c.startSenders(ctx)
 	if err != nil {
-		return err
+		return stoppedOr(ctx, err)
 	}
 	defer waitSenders()
 	var (
@@ -289,6 +292,15 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// stoppedOr is nil once ctx has ended (what failed was cut short by the
+// stop), err otherwise.
+func stoppedOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // ownRevisitIdle is how soon Run reads its own pending entries again

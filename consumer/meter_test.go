@@ -116,6 +116,28 @@ func TestMeterEventsAreCountedOnce(t *testing.T) {
 	}
 }
 
+// A consumer stopped while it starts (its partition check or its fence
+// cut short) has stopped, not failed: Run returns nil, sending nothing.
+func TestMeterRunStoppedWhileStartingIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	b := meterWorld(t, time.Now().UTC())
+	b.addMeter(t, meterEvent(1, 1, time.Now().UTC()))
+	for _, fromLedger := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		c := b.meterConsumer(t, fmt.Sprintf("m-stopped-%v", fromLedger))
+		if fromLedger {
+			c = b.aggConsumer(t, fmt.Sprintf("m-stopped-%v", fromLedger), 3*time.Second)
+		}
+		if err := c.Run(ctx); err != nil {
+			t.Fatalf("send from ledger %v: Run with its context ended before it started = %v, want nil", fromLedger, err)
+		}
+	}
+	if n := b.sim.MeterEventCounts().Recorded; n != 0 {
+		t.Fatalf("%d meter events recorded by consumers that never started", n)
+	}
+}
+
 // Two of the seed's failure modes, for meter events: a batch read again
 // after a partial failure (the replies lost after Stripe recorded the
 // events), and a redelivery of acked entries (an AOF rollback). Stripe
