@@ -139,6 +139,9 @@ type MeterConsumer struct {
 	// the sender last read the ledger's floor (meter_sender.go); MaxInt64:
 	// none.
 	ingestedFrom atomic.Int64
+	// listFloor is the floor (unix ns) the sender last read: the
+	// partitions from its day on are kept analyzed (freshenStats).
+	listFloor atomic.Int64
 	// missingMeters are the event names sayMeterMissing has told of.
 	missingMeters sync.Map
 	// live counts the entries handled, published with each liveness beat.

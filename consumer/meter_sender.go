@@ -68,8 +68,9 @@ func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); c.sendLoop(ctx) }()
+	go func() { defer wg.Done(); c.freshenStats(ctx) }()
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
@@ -201,6 +202,7 @@ func (c *MeterConsumer) list(ctx context.Context, from *meterledger.ListFrom, fl
 			return err
 		}
 		*floor, *floorAt = f, time.Now()
+		c.listFloor.Store(f.UnixNano())
 	}
 	from.Floor = *floor
 	if n := c.ingestedFrom.Load(); n < floor.UnixNano() {
@@ -212,6 +214,26 @@ func (c *MeterConsumer) list(ctx context.Context, from *meterledger.ListFrom, fl
 	}
 	*queue = cands
 	return nil
+}
+
+// freshenStats analyzes, every floorEvery until ctx ends, the partitions
+// the sender reads (from its floor's day on) whose planner statistics are
+// stale: a listing planned on a freshly filled day's partition reads every
+// queued row of it (meterledger.FreshenStats).
+func (c *MeterConsumer) freshenStats(ctx context.Context) {
+	for sleep(ctx, floorEvery); ctx.Err() == nil; sleep(ctx, floorEvery) {
+		f := c.listFloor.Load()
+		if f == 0 {
+			continue // nothing listed yet
+		}
+		names, err := c.ledger.FreshenStats(ctx, time.Unix(0, f))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.cfg.Logger.Warn("analyzing meter event partitions", "err", err)
+		case len(names) > 0:
+			c.cfg.Logger.Debug("analyzed meter event partitions", "partitions", names)
+		}
+	}
 }
 
 // candidates lists the customer-meters to send next, the oldest unsent

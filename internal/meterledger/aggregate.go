@@ -209,7 +209,7 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 	err = tx.QueryRow(ctx, `SELECT `+secondSQL("m")+`, `+bucketSQL("m")+` FROM {schema}.meter_events m
 		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
 			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= $5
-		ORDER BY m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready, floor).Scan(&sec, &bucket)
+		ORDER BY m.stripe_customer_id, m.event_name, m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready, floor).Scan(&sec, &bucket)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, nil, false, nil
 	}

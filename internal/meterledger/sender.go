@@ -91,6 +91,11 @@ func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggre
 	} else {
 		from.After = [2]string{} // the end: from the start next time
 	}
+	// Each customer-meter's oldest is read by its key's index
+	// (meter_events_queued_idx): ordered by the whole key, so a planner
+	// misled by stale statistics on a fast-filling table (it takes a
+	// freshly ingested partition for nearly empty) never walks the
+	// timestamp index and filters every customer's rows instead.
 	readySQL := `(m.event_name <> ALL($4::text[]) OR m.event_ts < to_timestamp($5::bigint) AND ` + bucketSQL("m") + ` < $5::bigint)`
 	rows, err = l.pool.Query(ctx, `WITH a AS (
 			SELECT * FROM {schema}.meter_events m WHERE m.status = 'queued' AND m.stream = $1 AND m.event_ts >= $6 AND `+readySQL+`
@@ -99,7 +104,7 @@ func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggre
 			SELECT q.* FROM unnest($7::text[], $8::text[]) AS k(sc, name)
 			CROSS JOIN LATERAL (SELECT * FROM {schema}.meter_events m WHERE m.status = 'queued' AND m.stream = $1
 				AND m.stripe_customer_id = k.sc AND m.event_name = k.name AND m.event_ts >= $6 AND `+readySQL+`
-				ORDER BY m.event_ts LIMIT 1) q
+				ORDER BY m.stripe_customer_id, m.event_name, m.event_ts LIMIT 1) q
 		), s AS (
 			SELECT * FROM {schema}.meter_events m WHERE m.status = 'sending' AND m.stream = $1 AND m.aggregate IS NULL
 				AND m.event_ts >= $6 AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $2)

@@ -1,0 +1,69 @@
+package meterledger
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Planner statistics of the busy partitions.
+//
+// A day's partition is created empty and filled at the pace of ingest.
+// Until it is analyzed the planner takes it for nearly empty and, with
+// every index looking alike, walks the smallest one: reading a
+// customer-meter's oldest queued event then filters every queued row of
+// the day (measured: a listing of candidates took 5 s instead of 12 ms
+// with 100,000 rows queued). Autovacuum analyzes a table only after a
+// share of its rows changed and at most once a minute (its nap), too late
+// for a partition filling at thousands of rows a second. So the sender
+// analyzes the partitions it reads itself, once enough of their rows
+// changed (FreshenStats).
+const (
+	// statsMinChanges and statsChangeShare: a partition is analyzed once
+	// its rows changed since its last analyze by at least the larger of
+	// statsMinChanges and statsChangeShare of its rows.
+	statsMinChanges  = 1000
+	statsChangeShare = 0.5
+	// statsMinInterval: a partition analyzed (by anyone, autovacuum too)
+	// within it is left alone.
+	statsMinInterval = 30 * time.Second
+)
+
+// FreshenStats analyzes meter_events' partitions from from's day on whose
+// planner statistics are stale (see above) and returns their names. An
+// analyze holds no lock that blocks writes, samples a bounded number of
+// rows whatever the partition's size, and skips a partition another
+// session is analyzing. A role that does not own the tables gets
+// Postgres's warning and no analyze: autovacuum's, later, is then the only
+// one.
+func (l *Ledger) FreshenStats(ctx context.Context, from time.Time) ([]string, error) {
+	rows, err := l.pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_stat_user_tables s ON s.relid = c.oid
+		WHERE i.inhparent = '{schema}.meter_events'::regclass AND n.nspname = $1 AND c.relname >= $2
+			AND s.n_mod_since_analyze >= greatest($3::float8, $4::float8 * greatest(c.reltuples, 0))
+			AND coalesce(greatest(s.last_analyze, s.last_autoanalyze), '-infinity') < now() - make_interval(secs => $5)
+		ORDER BY c.relname`,
+		l.pool.Schema(), partitionOf(day(from)).Name, float64(statsMinChanges), statsChangeShare, statsMinInterval.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("reading meter_events' partition statistics: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading meter_events' partition statistics: %w", err)
+	}
+	var done []string
+	for _, name := range names {
+		if !partitionName.MatchString(name) {
+			continue
+		}
+		// DDL-like: no parameters; the name is ours (matched above) and quoted.
+		if _, err := l.pool.Exec(ctx, `ANALYZE (SKIP_LOCKED) `+l.qualified(name)); err != nil {
+			return done, fmt.Errorf("analyzing %s: %w", name, err)
+		}
+		done = append(done, name)
+	}
+	return done, nil
+}
