@@ -127,12 +127,14 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			wait(time.Minute)
 			continue
 		}
-		// Listing costs the ledger a bounded read, not nothing: list again
-		// once the last list is used up, once a round ended (its
-		// customer-meters may have more) and senderRelist has passed, or
-		// once the list is senderStale old.
+		// Listing costs the ledger a bounded read, not nothing (at volume,
+		// listing after every round took a third of the ledger's time):
+		// list again once the last list is used up, once a round ended
+		// (its customer-meters may have more) with less than a round's
+		// worth of slots' candidates left and senderRelist passed, or once
+		// the list is senderStale old.
 		since := time.Since(listedAt)
-		relist := len(queue) == 0 || ended && since >= senderRelist || since >= senderStale
+		relist := len(queue) == 0 || ended && len(queue) < width && since >= senderRelist || since >= senderStale
 		if relist && since < senderRelist {
 			wait(senderRelist - since)
 			continue

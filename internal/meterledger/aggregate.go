@@ -109,15 +109,22 @@ func (a Aggregate) hold() (string, int64, int64) { return a.Identifier, a.Epoch,
 
 // takeSlot takes the customer-meter's slot for identifier in tx when it
 // is free or expired, returning its new grant (0: busy).
-func takeSlot(ctx context.Context, tx pgx.Tx, sc, name, identifier string, second time.Time, owner string, exp, now time.Time) (int64, error) {
+//
+// A transaction of another sender taking the same slot (two consumers
+// listed the same customer-meter) makes this one busy at once, not after
+// waiting for that one to commit: the slot's transaction-scoped advisory
+// lock, tried first, is held by it (a hash collision with another
+// customer-meter is a rare busy, tried again next round).
+func takeSlot(ctx context.Context, tx pgx.Tx, schema, sc, name, identifier string, second time.Time, owner string, exp, now time.Time) (int64, error) {
 	tok := newToken()
 	var got int64
 	err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_inflight AS s (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		SELECT $1::text, $2::text, $3::text, $4::timestamptz, $5::text, $6::timestamptz, $7::bigint
+		WHERE pg_try_advisory_xact_lock(hashtextextended('pelguard.meter_slot.' || $9::text || '.' || $1::text || '.' || $2::text, 0))
 		ON CONFLICT (stripe_customer_id, event_name) DO UPDATE SET identifier = EXCLUDED.identifier, event_ts = EXCLUDED.event_ts,
 			owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
 			WHERE s.expires_at <= $8
-		RETURNING token`, sc, name, identifier, second, owner, exp, tok, now).Scan(&got)
+		RETURNING token`, sc, name, identifier, second, owner, exp, tok, now, schema).Scan(&got)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -201,7 +208,7 @@ func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespac
 		return a, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	tok, err := takeSlot(ctx, tx, stripeCustomerID, eventName, "pga_forming", now, owner, now.Add(lease), now)
+	tok, err := takeSlot(ctx, tx, l.pool.Schema(), stripeCustomerID, eventName, "pga_forming", now, owner, now.Add(lease), now)
 	if err != nil || tok == 0 {
 		return a, nil, false, err
 	}
@@ -436,7 +443,7 @@ func (l *Ledger) TakeOverAggregate(ctx context.Context, stale Aggregate, owner s
 		stale.Status, stale.LastError = StatusParked, reason
 		return Parked, stale, reason, tx.Commit(ctx)
 	}
-	tok, err := takeSlot(ctx, tx, stale.StripeCustomerID, stale.EventName, stale.Identifier, stale.Second, owner, now.Add(lease), now)
+	tok, err := takeSlot(ctx, tx, l.pool.Schema(), stale.StripeCustomerID, stale.EventName, stale.Identifier, stale.Second, owner, now.Add(lease), now)
 	if err != nil || tok == 0 {
 		return Busy, stale, "", err
 	}

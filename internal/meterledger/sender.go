@@ -40,7 +40,7 @@ type ListFrom struct {
 // listWindow is how many queued rows a listing reads at most, in
 // timestamp order and in key order after the cursor: bounded work
 // however long the backlog.
-const listWindow = 2000
+const listWindow = 500
 
 // Candidates is Unsent where the queued events of the aggregated meters
 // count only once their bucket is ready to form at watermark (the group's
