@@ -1,0 +1,74 @@
+package meterledger_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/testkit/testenv"
+)
+
+// A day's partition filled by ingest is analyzed by FreshenStats once
+// enough of its rows changed, and then left alone; partitions before the
+// sender's floor are never touched.
+func TestFreshenStatsAnalyzesAFilledPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	day := t0.Add(-time.Hour)
+	part := "meter_events_p" + day.Format("20060102")
+	// Autovacuum's own analyze would race the test's: off for this table.
+	if _, err := b.pool.Exec(ctx, `ALTER TABLE `+testenv.SchemaOf(b.pool)+`.`+part+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	for batch := range 3 {
+		var reqs []meterledger.IngestRequest
+		for i := range 1000 {
+			ev := mev(fmt.Sprintf("cus_%d", i%50), "tokens", 1, day.Add(time.Duration(batch*1000+i)*time.Millisecond))
+			reqs = append(reqs, ingestReq(ev, fmt.Sprintf("%d-%d", day.UnixMilli(), batch*1000+i)))
+		}
+		b.ingest(t, reqs...)
+	}
+	reltuples := func() float64 {
+		var n float64
+		if err := b.pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
+			testenv.SchemaOf(b.pool)+"."+part).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := reltuples(); n > 0 {
+		t.Fatalf("%s has reltuples %v before any analyze: the test would prove nothing", part, n)
+	}
+	// The counters of changed rows reach Postgres's statistics within a
+	// second or so of the commits: until then nothing is stale.
+	var analyzed []string
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		// From the next day on: this day's partition is below the floor.
+		later, err := b.l.FreshenStats(ctx, day.Add(24*time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(later) > 0 {
+			t.Fatalf("analyzed %v, all after the floor's day and empty", later)
+		}
+		analyzed, err = b.l.FreshenStats(ctx, day)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(analyzed) > 0
+	}, "the filled partition %s was never analyzed", part)
+	if !slices.Equal(analyzed, []string{part}) {
+		t.Fatalf("analyzed %v, want only %s (the other days are empty)", analyzed, part)
+	}
+	if n := reltuples(); n < 3000 {
+		t.Fatalf("%s has reltuples %v after the analyze, want its 3000 rows", part, n)
+	}
+	again, err := b.l.FreshenStats(ctx, day)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("analyzed again at once: %v, %v", again, err)
+	}
+}
