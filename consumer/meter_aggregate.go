@@ -210,7 +210,10 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 			results[i] = meterledger.Release
 			return
 		}
-		results[i], memberRows[i], errs[i] = c.ledger.FinishAggregateMembers(fctx, w.agg, w.out.Result, w.out.Reason)
+		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
+		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
+			memberRows[i], errs[i] = c.ledger.MembersOf(fctx, w.agg)
+		}
 	})
 	var firstErr error
 	for i, w := range work {

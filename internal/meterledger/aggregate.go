@@ -1,7 +1,6 @@
 package meterledger
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -471,34 +470,26 @@ func stripeTakes(ts, now time.Time) bool { return now.Sub(ts) < 35*24*time.Hour 
 // (stays sending, of unknown outcome, for a takeover). It returns what
 // was recorded (0: the hold was lost).
 func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, reason string) (Result, error) {
-	res, _, err := l.FinishAggregateMembers(ctx, a, res, reason)
-	return res, err
-}
-
-// FinishAggregateMembers is FinishAggregate that also returns the member
-// rows it wrote (none for Release or a lost hold), as MembersOf would read
-// them after it.
-func (l *Ledger) FinishAggregateMembers(ctx context.Context, a Aggregate, res Result, reason string) (Result, []Record, error) {
 	now := l.clock.Now().UTC().Truncate(time.Microsecond)
 	id, epoch, tok := a.hold()
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE stripe_customer_id = $1 AND event_name = $2 AND token = $3`,
 		a.StripeCustomerID, a.EventName, tok); err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	st := resultStatus[res]
 	var unknown bool
 	err = tx.QueryRow(ctx, `SELECT outcome_unknown FROM {schema}.meter_aggregates WHERE identifier = $1 AND epoch = $2 AND status = 'sending' FOR UPDATE`,
 		id, epoch).Scan(&unknown)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil, tx.Commit(ctx)
+		return 0, tx.Commit(ctx)
 	}
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	if res == Failed && unknown {
 		res, st, reason = Park, string(StatusParked), ParkedAfterUnknown+": "+reason
@@ -507,29 +498,23 @@ func (l *Ledger) FinishAggregateMembers(ctx context.Context, a Aggregate, res Re
 			delivered_at = CASE WHEN $3 = 'delivered' THEN $4::timestamptz END, last_error = nullif($5, ''),
 			outcome_unknown = outcome_unknown OR $3 = 'sending'
 		WHERE identifier = $1 AND epoch = $2`, id, epoch, st, now, reason); err != nil {
-		return 0, nil, err
+		return 0, err
 	}
-	var members []Record
 	if res != Release {
 		lo, hi := memberSpan(a)
-		rows, err := tx.Query(ctx, `UPDATE {schema}.meter_events m SET status = $2,
+		rows, err := tx.Query(ctx, `UPDATE {schema}.meter_events SET status = $2,
 				delivered_at = CASE WHEN $2 = 'delivered' THEN $3::timestamptz END,
-				last_error = CASE WHEN $2 = 'delivered' THEN NULL ELSE $4 END, outcome_unknown = m.outcome_unknown OR $5
-			WHERE m.aggregate = $1 AND m.status = 'sending' AND m.event_ts >= $6 AND m.event_ts < $7
-			RETURNING `+recordCols, id, st, now, reason, unknown, lo, hi)
+				last_error = CASE WHEN $2 = 'delivered' THEN NULL ELSE $4 END, outcome_unknown = outcome_unknown OR $5
+			WHERE aggregate = $1 AND status = 'sending' AND event_ts >= $6 AND event_ts < $7
+			RETURNING event_name, stripe_customer_id, event_ts, value`, id, st, now, reason, unknown, lo, hi)
 		if err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		if members, err = collectRecords(rows); err != nil {
-			return 0, nil, err
-		}
-		slices.SortFunc(members, func(x, y Record) int {
-			return cmp.Or(x.EventTS.Compare(y.EventTS), strings.Compare(x.Identifier, y.Identifier))
-		})
+		rows.Close()
 		if res == Failed {
 			if _, err := tx.Exec(ctx, uncountSQL(`(SELECT event_name, stripe_customer_id, event_ts, value FROM {schema}.meter_events
 				WHERE aggregate = $2 AND status = 'failed') f`, "$1"), now, id); err != nil {
-				return 0, nil, err
+				return 0, err
 			}
 		}
 	}
@@ -537,18 +522,15 @@ func (l *Ledger) FinishAggregateMembers(ctx context.Context, a Aggregate, res Re
 		var seq int64
 		if err := tx.QueryRow(ctx, `INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, 1, $2)
 			ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $2 RETURNING seq`, l.writer(), now).Scan(&seq); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
 		l.witness.Committed(seq)
-		return res, members, nil
+		return res, nil
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, nil, err
-	}
-	return res, members, nil
+	return res, tx.Commit(ctx)
 }
 
 func minTime(a, b time.Time) time.Time {
