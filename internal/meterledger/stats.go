@@ -39,12 +39,15 @@ const (
 // Postgres's warning and no analyze: autovacuum's, later, is then the only
 // one.
 func (l *Ledger) FreshenStats(ctx context.Context, from time.Time) ([]string, error) {
+	// The statistics functions are read for meter_events' partitions
+	// only: the pg_stat_user_tables view reads every table's, which took
+	// 0.6 s a call on a loaded server.
 	rows, err := l.pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
 		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		JOIN pg_stat_user_tables s ON s.relid = c.oid
 		WHERE i.inhparent = '{schema}.meter_events'::regclass AND n.nspname = $1 AND c.relname >= $2
-			AND s.n_mod_since_analyze >= greatest($3::float8, $4::float8 * greatest(c.reltuples, 0))
-			AND coalesce(greatest(s.last_analyze, s.last_autoanalyze), '-infinity') < now() - make_interval(secs => $5)
+			AND pg_stat_get_mod_since_analyze(c.oid) >= greatest($3::float8, $4::float8 * greatest(c.reltuples, 0))
+			AND coalesce(greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)), '-infinity')
+				< now() - make_interval(secs => $5)
 		ORDER BY c.relname`,
 		l.pool.Schema(), partitionOf(day(from)).Name, float64(statsMinChanges), statsChangeShare, statsMinInterval.Seconds())
 	if err != nil {
