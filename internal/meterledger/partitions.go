@@ -54,22 +54,13 @@ func partitionOf(d time.Time) Partition {
 // first. Tables attached under other names are not pelguard's and are
 // neither listed nor dropped.
 func (l *Ledger) Partitions(ctx context.Context) ([]Partition, error) {
-	rows, err := l.pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
-		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE i.inhparent = '{schema}.meter_events'::regclass AND n.nspname = $1`, l.pool.Schema())
+	names, err := l.partitionNames(ctx, "listing meter_events' partitions", "true")
 	if err != nil {
-		return nil, fmt.Errorf("listing meter_events' partitions: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("listing meter_events' partitions: %w", err)
+		return nil, err
 	}
 	var out []Partition
 	for _, n := range names {
 		m := partitionName.FindStringSubmatch(n)
-		if m == nil {
-			continue
-		}
 		d, err := time.Parse("20060102", m[1])
 		if err != nil {
 			continue
@@ -78,6 +69,25 @@ func (l *Ledger) Partitions(ctx context.Context) ([]Partition, error) {
 	}
 	slices.SortFunc(out, func(a, b Partition) int { return a.From.Compare(b.From) })
 	return out, nil
+}
+
+// partitionNames lists the names of meter_events' daily partitions in the
+// schema (tables attached under other names left out) for which cond, SQL
+// on pg_class c with its parameters from $2 (args), holds, in name order.
+// doing names the work in an error.
+func (l *Ledger) partitionNames(ctx context.Context, doing, cond string, args ...any) ([]string, error) {
+	rows, err := l.pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE i.inhparent = '{schema}.meter_events'::regclass AND n.nspname = $1 AND (`+cond+`)
+		ORDER BY c.relname`, append([]any{l.pool.Schema()}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", doing, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", doing, err)
+	}
+	return slices.DeleteFunc(names, func(n string) bool { return !partitionName.MatchString(n) }), nil
 }
 
 // EnsurePartitions makes the daily partitions of [now - Retention,

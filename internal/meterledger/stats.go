@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Planner statistics of the busy partitions.
@@ -42,27 +40,17 @@ func (l *Ledger) FreshenStats(ctx context.Context, from time.Time) ([]string, er
 	// The statistics functions are read for meter_events' partitions
 	// only: the pg_stat_user_tables view reads every table's, which took
 	// 0.6 s a call on a loaded server.
-	rows, err := l.pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i
-		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE i.inhparent = '{schema}.meter_events'::regclass AND n.nspname = $1 AND c.relname >= $2
-			AND pg_stat_get_mod_since_analyze(c.oid) >= greatest($3::float8, $4::float8 * greatest(c.reltuples, 0))
-			AND coalesce(greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)), '-infinity')
-				< now() - make_interval(secs => $5)
-		ORDER BY c.relname`,
-		l.pool.Schema(), partitionOf(day(from)).Name, float64(statsMinChanges), statsChangeShare, statsMinInterval.Seconds())
+	names, err := l.partitionNames(ctx, "reading meter_events' partition statistics", `c.relname >= $2
+		AND pg_stat_get_mod_since_analyze(c.oid) >= greatest($3::float8, $4::float8 * greatest(c.reltuples, 0))
+		AND coalesce(greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)), '-infinity')
+			< now() - make_interval(secs => $5)`,
+		partitionOf(day(from)).Name, float64(statsMinChanges), statsChangeShare, statsMinInterval.Seconds())
 	if err != nil {
-		return nil, fmt.Errorf("reading meter_events' partition statistics: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("reading meter_events' partition statistics: %w", err)
+		return nil, err
 	}
 	var done []string
 	for _, name := range names {
-		if !partitionName.MatchString(name) {
-			continue
-		}
-		// DDL-like: no parameters; the name is ours (matched above) and quoted.
+		// DDL-like: no parameters; the name is ours (partitionNames matched it) and quoted.
 		if _, err := l.pool.Exec(ctx, `ANALYZE (SKIP_LOCKED) `+l.qualified(name)); err != nil {
 			return done, fmt.Errorf("analyzing %s: %w", name, err)
 		}
