@@ -70,13 +70,17 @@ func (c *MeterConsumer) sendAggregates(ctx context.Context) (int, error) {
 	}
 	// A taken-over aggregate is witnessed again before its call: its first
 	// holder may have died before witnessing it (then it was never sent).
+	aggs := make([]meterledger.Aggregate, len(work))
+	for i, w := range work {
+		aggs[i] = w.agg
+	}
+	members, err := c.ledger.MembersOfAll(ctx, aggs)
+	if err != nil {
+		return 0, err
+	}
 	var wit []meterwitness.Sent
 	for _, w := range work {
-		members, err := c.ledger.MembersOf(ctx, w.agg)
-		if err != nil {
-			return 0, err
-		}
-		wit = append(wit, aggregateWitness(w.agg, members))
+		wit = append(wit, aggregateWitness(w.agg, members[w.agg.Identifier]))
 	}
 	if len(wit) > 0 {
 		dctx, cancel := detach(ctx)
@@ -112,25 +116,27 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	if err != nil {
 		return 0, err
 	}
+	// The round's candidates are other customer-meters: formed in one
+	// transaction. The oldest candidate's day bounds the partitions read.
+	keys := make([]meterledger.MeterKey, len(cands))
+	from := cands[0].EventTS
+	for i, r := range cands {
+		keys[i] = meterledger.MeterKey{EventName: r.EventName, StripeCustomerID: r.StripeCustomerID}
+		if r.EventTS.Before(from) {
+			from = r.EventTS
+		}
+	}
+	formed, err := c.ledger.FormAggregates(ctx, meterledger.FormRequest{Namespace: c.cfg.Namespace, Stream: c.cfg.Stream, From: from,
+		Watermark: mark.Time(), Width: c.cfg.AggregateBucket, Owner: c.cfg.Name, Lease: c.cfg.Lease}, keys)
+	if err != nil {
+		return 0, err
+	}
 	var work []*aggWork
 	var wit []meterwitness.Sent
-	var mu sync.Mutex
-	var firstErr error
-	// Each candidate is another customer-meter: formed at once, up to
-	// Workers transactions together.
-	parallel(c.cfg.Workers, len(cands), func(i int) {
-		r := cands[i]
-		a, members, ok, err := c.ledger.FormAggregateFrom(ctx, r.EventTS, c.cfg.Namespace, c.cfg.Stream, r.EventName, r.StripeCustomerID,
-			mark.Time(), c.cfg.AggregateBucket,
-			c.cfg.Name, c.cfg.Lease)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			firstErr = cmp.Or(firstErr, err)
-			return
-		}
-		if !ok {
-			return
+	for _, f := range formed {
+		a := f.Aggregate
+		if !f.Send {
+			continue // of unknown outcome: a takeover decides it
 		}
 		if a.LateJoin {
 			// Its events' entries were below the watermark when the bucket
@@ -140,14 +146,12 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 				"stream", c.cfg.Stream, "identifier", a.Identifier, "event_name", a.EventName, "second", a.Second.Unix(),
 				"arrival_second", a.ArrivalSecond, "members", a.Members)
 		}
-		work = append(work, &aggWork{agg: a, members: members})
-		wit = append(wit, aggregateWitness(a, members))
-	})
-	if len(work) == 0 {
-		return 0, firstErr
+		work = append(work, &aggWork{agg: a, members: f.Members})
+		wit = append(wit, aggregateWitness(a, f.Members))
 	}
-	// Formed aggregates are witnessed and sent even when another
-	// candidate's transaction failed: they hold their slots.
+	if len(work) == 0 {
+		return 0, nil
+	}
 	// The aggregate's identifier and members reach the witness before its
 	// first call: a rollback that loses them never has its members sent
 	// again on their own. Not witnessed: not sent (a takeover sends it).
@@ -194,38 +198,13 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	}
 	wg.Wait()
 	fctx := context.WithoutCancel(ctx)
-	results := make([]meterledger.Result, len(work))
-	memberRows := make([][]meterledger.Record, len(work))
-	errs := make([]error, len(work))
-	parallel(c.cfg.Workers, len(work), func(i int) {
-		w := work[i]
-		if w.paused {
-			// Never sent: a first attempt is undone (its members queued
-			// again, formed again on resume under the same identifier); a
-			// taken-over one stays sending, of unknown outcome as it was.
-			var undone bool
-			if undone, errs[i] = c.ledger.UnformAggregate(fctx, w.agg); errs[i] == nil && !undone {
-				_, errs[i] = c.ledger.FinishAggregate(fctx, w.agg, meterledger.Release, "paused before the call")
-			}
-			results[i] = meterledger.Release
-			return
-		}
-		results[i], errs[i] = c.ledger.FinishAggregate(fctx, w.agg, w.out.Result, w.out.Reason)
-		if errs[i] == nil && results[i] != 0 && results[i] != meterledger.Release {
-			memberRows[i], errs[i] = c.ledger.MembersOf(fctx, w.agg)
-		}
-	})
-	var firstErr error
+	results, memberRows, firstErr := c.recordAggregates(fctx, work)
 	for i, w := range work {
 		res := results[i]
-		if errs[i] != nil {
-			firstErr = cmp.Or(firstErr, errs[i])
-			continue // not recorded: stays sending, taken over when its lease lapses
-		}
 		if res == 0 || res == meterledger.Release {
-			continue
+			continue // not recorded (stays sending, taken over when its lease lapses), or released
 		}
-		for _, m := range memberRows[i] {
+		for _, m := range memberRows[w.agg.Identifier] {
 			switch res {
 			case meterledger.Delivered:
 				sent = append(sent, sentOfRecord(m, meterledger.StatusDelivered, ""))
@@ -270,6 +249,51 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 	}
 	var b MeterBatch
 	return calls, cmp.Or(c.settle(dctx, nil, dead, nil, &b), firstErr)
+}
+
+// recordAggregates records work's outcomes (one FinishAggregates for the
+// sent, UnformAggregate for each paused) and reads the members of those
+// finished. A result is 0 where the hold was lost or the write failed
+// (the first error is returned): such an aggregate stays sending, taken
+// over when its lease lapses.
+func (c *MeterConsumer) recordAggregates(ctx context.Context, work []*aggWork) ([]meterledger.Result, map[string][]meterledger.Record, error) {
+	results := make([]meterledger.Result, len(work))
+	var outs []meterledger.AggregateOutcome
+	var sent []int
+	var firstErr error
+	for i, w := range work {
+		if !w.paused {
+			outs, sent = append(outs, meterledger.AggregateOutcome{Aggregate: w.agg, Result: w.out.Result, Reason: w.out.Reason}), append(sent, i)
+			continue
+		}
+		// Never sent: a first attempt is undone (its members queued
+		// again, formed again on resume under the same identifier); a
+		// taken-over one stays sending, of unknown outcome as it was.
+		undone, err := c.ledger.UnformAggregate(ctx, w.agg)
+		if err == nil && !undone {
+			_, err = c.ledger.FinishAggregate(ctx, w.agg, meterledger.Release, "paused before the call")
+		}
+		firstErr = cmp.Or(firstErr, err)
+		results[i] = meterledger.Release
+	}
+	got, err := c.ledger.FinishAggregates(ctx, outs)
+	if err != nil {
+		return results, nil, cmp.Or(firstErr, err)
+	}
+	var finished []meterledger.Aggregate
+	for j, i := range sent {
+		results[i] = got[j]
+		if got[j] != 0 && got[j] != meterledger.Release {
+			finished = append(finished, work[i].agg)
+		}
+	}
+	members, err := c.ledger.MembersOfAll(ctx, finished)
+	if err != nil {
+		// Recorded, not witnessed nor dead-lettered: reported; the
+		// witness of the aggregate (before its call) still names them.
+		return results, nil, cmp.Or(firstErr, err)
+	}
+	return results, members, firstErr
 }
 
 // parallel runs fn(0..n-1), at most width at once.

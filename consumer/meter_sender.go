@@ -123,7 +123,11 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			wait(pausePoll)
 			continue
 		}
-		if len(inflight) >= width {
+		// A round's ledger work is a few statements whatever its size: a
+		// round starts with at least half a round's slots free while others
+		// are in flight and there is that much to send (at volume, rounds
+		// started on every freed slot carried 1.3 customer-meters each).
+		if free := width - len(inflight); free <= 0 || len(inflight) > 0 && free < minRound(c.cfg.Workers) && len(queue) >= minRound(c.cfg.Workers) {
 			wait(time.Minute)
 			continue
 		}
@@ -191,6 +195,10 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		}
 	}
 }
+
+// minRound is the fewest customer-meters a round starts with while others
+// are in flight (sendLoop).
+func minRound(workers int) int { return max(workers/2, 1) }
 
 // list reads the ledger's floor when floorEvery has passed and lists up
 // to limit candidates from it into queue.

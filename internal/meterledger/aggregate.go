@@ -107,28 +107,11 @@ func compareStr(a, b string) int {
 // Hold is what the holder of a sending aggregate presents to FinishAggregate.
 func (a Aggregate) hold() (string, int64, int64) { return a.Identifier, a.Epoch, a.slotToken }
 
-// takeSlot takes the customer-meter's slot for identifier in tx when it
-// is free or expired, returning its new grant (0: busy).
-//
-// A transaction of another sender taking the same slot (two consumers
-// listed the same customer-meter) makes this one busy at once, not after
-// waiting for that one to commit: the slot's transaction-scoped advisory
-// lock, tried first, is held by it (a hash collision with another
-// customer-meter is a rare busy, tried again next round).
+// takeSlot is takeSlots of one customer-meter: its new grant (0: busy).
 func takeSlot(ctx context.Context, tx pgx.Tx, schema, sc, name, identifier string, second time.Time, owner string, exp, now time.Time) (int64, error) {
-	tok := newToken()
-	var got int64
-	err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_inflight AS s (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
-		SELECT $1::text, $2::text, $3::text, $4::timestamptz, $5::text, $6::timestamptz, $7::bigint
-		WHERE pg_try_advisory_xact_lock(hashtextextended('pelguard.meter_slot.' || $9::text || '.' || $1::text || '.' || $2::text, 0))
-		ON CONFLICT (stripe_customer_id, event_name) DO UPDATE SET identifier = EXCLUDED.identifier, event_ts = EXCLUDED.event_ts,
-			owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
-			WHERE s.expires_at <= $8
-		RETURNING token`, sc, name, identifier, second, owner, exp, tok, now, schema).Scan(&got)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
-	}
-	return got, err
+	k := MeterKey{EventName: name, StripeCustomerID: sc}
+	got, err := takeSlots(ctx, tx, schema, []MeterKey{k}, identifier, second, owner, exp, now)
+	return got[k], err
 }
 
 // The arrival bucket of a meter_events row m: b = max(a, s), a the second
@@ -152,181 +135,6 @@ func memberSpan(a Aggregate) (lo, hi time.Time) {
 }
 
 func secondSQL(m string) string { return `floor(extract(epoch FROM ` + m + `.event_ts))::bigint` }
-
-// FormAggregate makes, in one transaction, an aggregate of stream's queued
-// events of (stripeCustomerID, eventName), with the customer-meter's slot:
-// its members move to sending under it. The members are every queued
-// event with one key (timestamp second s, arrival bucket b = max(a, s),
-// a the second its entry was added), for the key of the oldest queued
-// event whose bucket ended at or before watermark, the group's ingest
-// watermark (internal/watermark): every entry below it was acked after its
-// row committed, so the bucket's members are all in the ledger and fixed
-// by the stream; the same entries re-delivered after a rollback of both
-// stores form the same aggregate under the same identifier. ok is false
-// when the slot is taken or no bucket is ready.
-//
-// width (0: DefaultBucket; else CheckBucket's) widens both halves of the
-// key alike: the members' seconds share one bucket [t, t+width) and their
-// arrival buckets b one bucket [B, B+width), t and B aligned down to the
-// width from the epoch; it is formed once the watermark passed B+width
-// (every entry of a second below it acked, so every member is in the
-// ledger; a later arrival falls in a later B) and sent with timestamp t.
-// Each event belongs to one aggregate whatever the width of the runs that
-// meet it: only queued events join one, and one formed is saved with its
-// members and its width and never recomputed. The identifier hashes t and
-// the members, not the width (the same members at the same t are the same
-// call); the late-join count is per width.
-//
-// A bucket formed before (a late join: a row queued after its bucket was
-// formed, though its entry was below the watermark then: a replay that
-// kept its entry, a restore, a Redis clock that stepped back) is formed
-// again as another aggregate of its late members (LateJoin; another
-// identifier): each counted once.
-func (l *Ledger) FormAggregate(ctx context.Context, namespace, stream, eventName, stripeCustomerID string, watermark time.Time,
-	width time.Duration, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
-	return l.FormAggregateFrom(ctx, time.Time{}, namespace, stream, eventName, stripeCustomerID, watermark, width, owner, lease)
-}
-
-// FormAggregateFrom is FormAggregate for buckets of events no older than
-// from's day (a sender's candidate, meterledger.Candidates): only the
-// partitions from that day on are planned and read. An older event is
-// formed by a later call from its own day. (A bucket never spans two days:
-// its width divides an hour.)
-func (l *Ledger) FormAggregateFrom(ctx context.Context, from time.Time, namespace, stream, eventName, stripeCustomerID string,
-	watermark time.Time, width time.Duration, owner string, lease time.Duration) (a Aggregate, members []Record, ok bool, err error) {
-	floor := from.UTC().Truncate(24 * time.Hour) // partitions are days
-	w, err := bucketSeconds(width)
-	if err != nil {
-		return a, nil, false, err
-	}
-	now := l.clock.Now().UTC().Truncate(time.Microsecond)
-	// Arrival buckets [B, B+w) with B+w <= the watermark's second, that is
-	// every b < ready, have ended at or before the watermark.
-	ready := alignDown(watermark.Unix(), w)
-	tx, err := l.pool.Begin(ctx)
-	if err != nil {
-		return a, nil, false, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	tok, err := takeSlot(ctx, tx, l.pool.Schema(), stripeCustomerID, eventName, "pga_forming", now, owner, now.Add(lease), now)
-	if err != nil || tok == 0 {
-		return a, nil, false, err
-	}
-	var sec, bucket int64
-	err = tx.QueryRow(ctx, `SELECT `+secondSQL("m")+`, `+bucketSQL("m")+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
-			AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= $5
-		ORDER BY m.stripe_customer_id, m.event_name, m.event_ts LIMIT 1`, stream, stripeCustomerID, eventName, ready, floor).Scan(&sec, &bucket)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return a, nil, false, nil
-	}
-	if err != nil {
-		return a, nil, false, fmt.Errorf("finding a meter aggregate to form: %w", err)
-	}
-	second, bucket := time.Unix(alignDown(sec, w), 0).UTC(), alignDown(bucket, w)
-	rows, err := tx.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m
-		WHERE m.stream = $1 AND m.stripe_customer_id = $2 AND m.event_name = $3 AND m.status = 'queued'
-			AND m.event_ts >= $4 AND m.event_ts < $5 AND `+bucketSQL("m")+` >= $6::bigint AND `+bucketSQL("m")+` < $7::bigint
-		ORDER BY m.event_ts, m.identifier FOR UPDATE OF m`, stream, stripeCustomerID, eventName, second, second.Add(time.Duration(w)*time.Second),
-		bucket, bucket+w)
-	if err != nil {
-		return a, nil, false, err
-	}
-	members, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
-		rec, _, err := scanRecord(r)
-		return rec, err
-	})
-	if err != nil || len(members) == 0 {
-		return a, nil, false, err
-	}
-	var earlier int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM {schema}.meter_aggregates WHERE stream = $1 AND stripe_customer_id = $2
-		AND event_name = $3 AND second = $4 AND arrival_second = $5 AND bucket_seconds = $6`, stream, stripeCustomerID, eventName, second, bucket,
-		w).Scan(&earlier); err != nil {
-		return a, nil, false, err
-	}
-	ids := make([]string, len(members))
-	var sum int64
-	var unknown bool
-	firstSent := now
-	for i, m := range members {
-		ids[i], sum = m.Identifier, sum+m.Value
-		if m.OutcomeUnknown {
-			// Queued again by a repair: it may have been sent in an
-			// aggregate the rollback lost (with its witness), which had
-			// these same members (fixed by the stream). Formed of unknown
-			// outcome since its ingest, and left to a takeover: re-sent
-			// under the same identifier within the safe window, parked
-			// with its members past it — never sent on its own.
-			unknown = true
-			if !m.FirstSentAt.IsZero() {
-				firstSent = minTime(firstSent, m.FirstSentAt)
-			}
-		}
-	}
-	// The same members formed before, in another bucket: a replay of an
-	// aggregate Stripe refused (its members reopened under the replay's
-	// entries). The next late number names it; the probe finds the same
-	// one again for the same ledger, so a re-formation is still the same.
-	ident := aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids)
-	for {
-		var taken bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}.meter_aggregates WHERE identifier = $1)`, ident).Scan(&taken); err != nil {
-			return a, nil, false, err
-		}
-		if !taken {
-			break
-		}
-		earlier++
-		ident = aggregateIdentifier(namespace, eventName, stripeCustomerID, second, earlier, ids)
-	}
-	a = Aggregate{Identifier: ident, Stream: stream,
-		EventName: eventName, StripeCustomerID: stripeCustomerID, Second: second, Bucket: time.Duration(w) * time.Second,
-		ArrivalSecond: bucket, LateJoin: earlier > 0,
-		Value: sum, Members: len(members), Digest: digest(members), Status: StatusSending, FirstSentAt: now, Attempts: 1,
-		LeaseOwner: owner, slotToken: tok}
-	holder, exp := &owner, new(time.Time)
-	*exp = now.Add(lease)
-	if unknown {
-		holder, exp, a.FirstSentAt, a.OutcomeUnknown, a.LeaseOwner = nil, nil, firstSent, true, ""
-	}
-	if err := tx.QueryRow(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
-			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown,
-			bucket_seconds)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'sending', $9, `+firstEpoch+`, $10, $11, $13, $12, $14, $15) RETURNING epoch`,
-		a.Identifier, stream, eventName, stripeCustomerID, second, sum, len(members), a.Digest, a.FirstSentAt, holder, exp, bucket,
-		now, unknown, w).Scan(&a.Epoch); err != nil {
-		return a, nil, false, fmt.Errorf("recording meter aggregate: %w", err)
-	}
-	ts, mids := make([]time.Time, len(members)), make([]string, len(members))
-	for i, m := range members {
-		ts[i], mids[i] = m.EventTS, m.Identifier
-	}
-	// Members are sending with no lease of their own: the aggregate's
-	// lease and epoch fence them (FinishAggregate writes them with it).
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = $1,
-			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $2 END
-		FROM unnest($3::timestamptz[], $4::text[]) AS u(ts, id)
-		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($3)`, a.Identifier, now, ts, mids); err != nil {
-		return a, nil, false, fmt.Errorf("recording meter aggregate members: %w", err)
-	}
-	if unknown {
-		// No call now: the slot is freed and the next round's takeover
-		// (StaleAggregates) decides it.
-		if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE token = $1`, tok); err != nil {
-			return a, nil, false, err
-		}
-		return a, members, false, tx.Commit(ctx)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_inflight SET identifier = $1, event_ts = $2 WHERE token = $3`,
-		a.Identifier, second, tok); err != nil {
-		return a, nil, false, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return a, nil, false, err
-	}
-	return a, members, true, nil
-}
 
 // UnformAggregate undoes a formed aggregate that was never sent (an
 // operator's pause came between its formation and its call): it is
@@ -390,27 +198,6 @@ func (l *Ledger) StaleAggregates(ctx context.Context, stream string, limit int) 
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Aggregate, error) { return scanAggregate(r) })
 }
 
-// Members reads an aggregate's member rows.
-func (l *Ledger) Members(ctx context.Context, identifier string) ([]Record, error) {
-	return l.MembersOf(ctx, Aggregate{Identifier: identifier})
-}
-
-// MembersOf is Members of a, reading only the partitions a's members can
-// be in (memberSpan).
-func (l *Ledger) MembersOf(ctx context.Context, a Aggregate) ([]Record, error) {
-	lo, hi := memberSpan(a)
-	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+` FROM {schema}.meter_events m WHERE m.aggregate = $1
-		AND m.event_ts >= $2 AND m.event_ts < $3
-		ORDER BY m.event_ts, m.identifier`, a.Identifier, lo, hi)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
-		rec, _, err := scanRecord(r)
-		return rec, err
-	})
-}
-
 // TakeOverAggregate takes over a stale aggregate: within the safe window of
 // its first attempt it is the caller's (a new epoch, the lease and the
 // slot: TakenOver), to be re-sent with the same identifier and value; past
@@ -462,76 +249,6 @@ func (l *Ledger) TakeOverAggregate(ctx context.Context, stale Aggregate, owner s
 }
 
 func stripeTakes(ts, now time.Time) bool { return now.Sub(ts) < 35*24*time.Hour }
-
-// FinishAggregate records the outcome of an aggregate's call with its
-// members, fenced by the holder's epoch, and frees the slot: Delivered
-// (members delivered), Failed (members failed and their use taken back;
-// parked instead after an attempt of unknown outcome), Park, or Release
-// (stays sending, of unknown outcome, for a takeover). It returns what
-// was recorded (0: the hold was lost).
-func (l *Ledger) FinishAggregate(ctx context.Context, a Aggregate, res Result, reason string) (Result, error) {
-	now := l.clock.Now().UTC().Truncate(time.Microsecond)
-	id, epoch, tok := a.hold()
-	tx, err := l.pool.Begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `DELETE FROM {schema}.meter_inflight WHERE stripe_customer_id = $1 AND event_name = $2 AND token = $3`,
-		a.StripeCustomerID, a.EventName, tok); err != nil {
-		return 0, err
-	}
-	st := resultStatus[res]
-	var unknown bool
-	err = tx.QueryRow(ctx, `SELECT outcome_unknown FROM {schema}.meter_aggregates WHERE identifier = $1 AND epoch = $2 AND status = 'sending' FOR UPDATE`,
-		id, epoch).Scan(&unknown)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, tx.Commit(ctx)
-	}
-	if err != nil {
-		return 0, err
-	}
-	if res == Failed && unknown {
-		res, st, reason = Park, string(StatusParked), ParkedAfterUnknown+": "+reason
-	}
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_aggregates SET status = $3, lease_owner = NULL, lease_expires_at = NULL,
-			delivered_at = CASE WHEN $3 = 'delivered' THEN $4::timestamptz END, last_error = nullif($5, ''),
-			outcome_unknown = outcome_unknown OR $3 = 'sending'
-		WHERE identifier = $1 AND epoch = $2`, id, epoch, st, now, reason); err != nil {
-		return 0, err
-	}
-	if res != Release {
-		lo, hi := memberSpan(a)
-		rows, err := tx.Query(ctx, `UPDATE {schema}.meter_events SET status = $2,
-				delivered_at = CASE WHEN $2 = 'delivered' THEN $3::timestamptz END,
-				last_error = CASE WHEN $2 = 'delivered' THEN NULL ELSE $4 END, outcome_unknown = outcome_unknown OR $5
-			WHERE aggregate = $1 AND status = 'sending' AND event_ts >= $6 AND event_ts < $7
-			RETURNING event_name, stripe_customer_id, event_ts, value`, id, st, now, reason, unknown, lo, hi)
-		if err != nil {
-			return 0, err
-		}
-		rows.Close()
-		if res == Failed {
-			if _, err := tx.Exec(ctx, uncountSQL(`(SELECT event_name, stripe_customer_id, event_ts, value FROM {schema}.meter_events
-				WHERE aggregate = $2 AND status = 'failed') f`, "$1"), now, id); err != nil {
-				return 0, err
-			}
-		}
-	}
-	if res != Release && l.witness != nil {
-		var seq int64
-		if err := tx.QueryRow(ctx, `INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, 1, $2)
-			ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $2 RETURNING seq`, l.writer(), now).Scan(&seq); err != nil {
-			return 0, err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return 0, err
-		}
-		l.witness.Committed(seq)
-		return res, nil
-	}
-	return res, tx.Commit(ctx)
-}
 
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
