@@ -53,11 +53,13 @@ type MeterConfig struct {
 	Count     int64         // entries per read (and per ledger batch); default 100
 	Block     time.Duration // XREADGROUP BLOCK; default DefaultBlock
 	Workers   int           // Stripe calls at once, per batch; default 16
-	// Pipeline is how many batches Run keeps in flight; default 2. With
-	// SendFromLedger, Workers×Pipeline customer-meters are sent to at once.
+	// Pipeline is how many batches Run keeps in flight; default 2.
 	Pipeline int
-	Lease    time.Duration // lease and customer-meter slot; default DefaultLease
-	Rules    event.MeterRules
+	// SendSlots is, with SendFromLedger, how many customer-meters are sent
+	// to at once, in rounds of up to Workers; default 4×Workers.
+	SendSlots int
+	Lease     time.Duration // lease and customer-meter slot; default DefaultLease
+	Rules     event.MeterRules
 	// SafeWindow: an unknown outcome is re-sent only this long after the
 	// first attempt (meterledger.DefaultSafeWindow, below Stripe's 24 h).
 	SafeWindow time.Duration
@@ -108,6 +110,7 @@ func (c *MeterConfig) setDefaults() {
 	c.Block = cmp.Or(c.Block, DefaultBlock)
 	c.Workers = cmp.Or(c.Workers, 16)
 	c.Pipeline = cmp.Or(c.Pipeline, 2)
+	c.SendSlots = cmp.Or(c.SendSlots, 4*c.Workers)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.AggregateBucket = cmp.Or(c.AggregateBucket, meterledger.DefaultBucket)
 	if c.Logger == nil {

@@ -29,11 +29,11 @@ import (
 
 type aggWork struct {
 	agg     meterledger.Aggregate
-	members []meterledger.Record
 	out     meterledger.Outcome
 	keyErr  error
 	missing bool
 	paused  bool // paused before its call: not sent
+	more    bool // its customer-meter had another bucket ready when formed
 }
 
 // sendAggregates takes over and re-sends stale aggregates of the stream
@@ -104,17 +104,18 @@ func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) met
 }
 
 // formAndSend forms the aggregate of each candidate's second (one per
-// customer-meter), witnesses it, and sends it.
-func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, error) {
+// customer-meter), witnesses it, and sends it. It returns the calls made
+// and the customer-meters that sent one and have another ready.
+func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, map[meterKey]bool, error) {
 	if c.paused() {
-		return 0, nil
+		return 0, nil, nil
 	}
 	// The group's ingest watermark, read once for the round: a bucket is
 	// formed only once it has passed the bucket's end, so its members are
 	// fixed by the stream (meterledger.FormAggregate).
 	mark, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	// The round's candidates are other customer-meters: formed in one
 	// transaction. The oldest candidate's day bounds the partitions read.
@@ -129,7 +130,7 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	formed, err := c.ledger.FormAggregates(ctx, meterledger.FormRequest{Namespace: c.cfg.Namespace, Stream: c.cfg.Stream, From: from,
 		Watermark: mark.Time(), Width: c.cfg.AggregateBucket, Owner: c.cfg.Name, Lease: c.cfg.Lease}, keys)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var work []*aggWork
 	var wit []meterwitness.Sent
@@ -146,11 +147,11 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 				"stream", c.cfg.Stream, "identifier", a.Identifier, "event_name", a.EventName, "second", a.Second.Unix(),
 				"arrival_second", a.ArrivalSecond, "members", a.Members)
 		}
-		work = append(work, &aggWork{agg: a, members: f.Members})
+		work = append(work, &aggWork{agg: a, more: f.More})
 		wit = append(wit, aggregateWitness(a, f.Members))
 	}
 	if len(work) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	// The aggregate's identifier and members reach the witness before its
 	// first call: a rollback that loses them never has its members sent
@@ -158,9 +159,16 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	dctx, cancel := detach(ctx)
 	defer cancel()
 	if err := c.recordSent(dctx, wit); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return c.finishAggregates(ctx, work, nil, nil)
+	n, err := c.finishAggregates(ctx, work, nil, nil)
+	sent := map[meterKey]bool{}
+	for _, w := range work {
+		if w.out.Result == meterledger.Delivered && w.more {
+			sent[meterKey{w.agg.StripeCustomerID, w.agg.EventName}] = true
+		}
+	}
+	return n, sent, err
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with
@@ -203,6 +211,11 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 		res := results[i]
 		if res == 0 || res == meterledger.Release {
 			continue // not recorded (stays sending, taken over when its lease lapses), or released
+		}
+		if _, read := memberRows[w.agg.Identifier]; !read && res == meterledger.Delivered {
+			// Delivered with no witness to write: its members are not read.
+			c.cfg.Metrics.eventsN(c.cfg.Stream, OutcomeDelivered, w.agg.Members)
+			continue
 		}
 		for _, m := range memberRows[w.agg.Identifier] {
 			switch res {
@@ -280,10 +293,13 @@ func (c *MeterConsumer) recordAggregates(ctx context.Context, work []*aggWork) (
 	if err != nil {
 		return results, nil, cmp.Or(firstErr, err)
 	}
+	// The members of those finished are read for the witness and the
+	// dead letters: not those delivered where no witness is kept (a busy
+	// customer's second is thousands of rows).
 	var finished []meterledger.Aggregate
 	for j, i := range sent {
 		results[i] = got[j]
-		if got[j] != 0 && got[j] != meterledger.Release {
+		if got[j] != 0 && got[j] != meterledger.Release && (got[j] != meterledger.Delivered || c.witnessed) {
 			finished = append(finished, work[i].agg)
 		}
 	}

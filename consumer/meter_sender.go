@@ -22,7 +22,7 @@ import (
 // customer-meters whose oldest unsent event is oldest (one event, or one
 // ready aggregate, each; meterledger.Candidates), skipping those a round
 // of its own holds, and starts a round of up to Workers of them at once;
-// up to Workers×Pipeline customer-meters are in flight. A round's ledger
+// up to SendSlots customer-meters are in flight. A round's ledger
 // work is batched (one Reserve, one Finish), and a round that waits for
 // its slowest call holds only its own customer-meters: the slots others
 // free go to the next round at once. So a busy customer holds one slot
@@ -88,11 +88,11 @@ func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
 // sendLoop starts rounds on free slots until ctx ends; it returns once
 // every round it started has ended.
 func (c *MeterConsumer) sendLoop(ctx context.Context) {
-	width := c.cfg.Workers * c.cfg.Pipeline
+	width := c.cfg.SendSlots
 	var (
 		wg       sync.WaitGroup
 		inflight = map[meterKey]bool{}
-		done     = make(chan []meterKey, width)
+		done     = make(chan roundEnd, width)
 		from     meterledger.ListFrom
 		floor    time.Time // the ledger's, read at floorAt
 		floorAt  time.Time
@@ -101,10 +101,14 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		ended    bool // a round ended since listedAt
 	)
 	defer wg.Wait()
-	free := func(keys []meterKey) {
-		for _, k := range keys {
+	free := func(e roundEnd) {
+		for _, k := range e.keys {
 			delete(inflight, k)
 		}
+		// A customer-meter that just sent an aggregate and has another
+		// bucket ready is tried again first: one with a backlog (a busy
+		// customer) sends its buckets back to back, not one per listing.
+		queue = append(e.again, queue...)
 		ended = true
 	}
 	// wait blocks until a round ends, d passes or ctx ends.
@@ -112,8 +116,8 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case keys := <-done:
-			free(keys)
+		case e := <-done:
+			free(e)
 		case <-t.C:
 		case <-ctx.Done():
 		}
@@ -167,7 +171,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n, err := c.sendRound(ctx, round)
+				n, again, err := c.sendRound(ctx, round)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					c.cfg.Logger.Warn("sending meter events from the ledger", "stream", c.cfg.Stream, "err", err)
@@ -177,7 +181,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 					// refusal before the call): not listed again at once.
 					sleep(ctx, ownRevisitIdle)
 				}
-				done <- keys
+				done <- roundEnd{keys: keys, again: again}
 			}()
 		}
 		// Until a round ends, or for a while: new events, or slots another
@@ -187,13 +191,20 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		}
 		for drained := false; !drained; {
 			select {
-			case keys := <-done:
-				free(keys)
+			case e := <-done:
+				free(e)
 			default:
 				drained = true
 			}
 		}
 	}
+}
+
+// roundEnd is a round's end: its customer-meters, and the candidates of
+// those that sent an aggregate and have another ready (to try first).
+type roundEnd struct {
+	keys  []meterKey
+	again []meterledger.Record
 }
 
 // minRound is the fewest customer-meters a round starts with while others
@@ -278,14 +289,15 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 	if err != nil || len(recs) == 0 {
 		return na, err
 	}
-	n, err := c.sendRound(ctx, recs)
+	n, _, err := c.sendRound(ctx, recs)
 	return na + n, err
 }
 
 // sendRound sends recs, one customer-meter each: a queued event of an
 // aggregated meter as its customer-meter's next ready aggregate, any other
-// as itself. It returns how many calls it made.
-func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record) (int, error) {
+// as itself. It returns how many calls it made, and the candidates whose
+// customer-meter sent an aggregate and has another ready.
+func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record) (int, []meterledger.Record, error) {
 	var forms []meterledger.Record
 	var perEvent []meterledger.Record
 	for _, r := range recs {
@@ -302,15 +314,21 @@ func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record
 		}
 	}
 	var na int
+	var again []meterledger.Record
 	if len(forms) > 0 {
-		n, err := c.formAndSend(ctx, forms)
+		n, sent, err := c.formAndSend(ctx, forms)
 		na += n
 		if err != nil {
-			return na, err
+			return na, nil, err
+		}
+		for _, r := range forms {
+			if sent[keyOf(r)] {
+				again = append(again, r)
+			}
 		}
 	}
 	n, err := c.sendEvents(ctx, perEvent)
-	return na + n, err
+	return na + n, again, err
 }
 
 // sendEvents sends recs one call each (Reserve: the same decisions and

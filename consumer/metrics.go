@@ -82,9 +82,12 @@ func (m *Metrics) startMeterStream(stream string) {
 	m.inFlight.WithLabelValues(stream)
 }
 
-func (m *Metrics) event(stream string, outcome Outcome) {
+func (m *Metrics) event(stream string, outcome Outcome) { m.eventsN(stream, outcome, 1) }
+
+// eventsN counts n events of one outcome.
+func (m *Metrics) eventsN(stream string, outcome Outcome, n int) {
 	if m != nil {
-		m.events.WithLabelValues(stream, string(outcome)).Inc()
+		m.events.WithLabelValues(stream, string(outcome)).Add(float64(n))
 	}
 }
 

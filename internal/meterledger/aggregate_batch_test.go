@@ -10,7 +10,8 @@ import (
 )
 
 // A round's aggregates are formed and finished together: each customer-
-// meter with a ready bucket gets its own aggregate of its own members, one
+// meter with a ready bucket gets its own aggregate of its oldest bucket's
+// members (and says whether another is ready), one
 // whose slot another holds gets nothing (and keeps that holder's slot);
 // their outcomes are recorded together, each with its members, and an
 // aggregate whose hold was lost gets none.
@@ -27,6 +28,8 @@ func TestAggregatesFormedAndFinishedInOneRound(t *testing.T) {
 				fmt.Sprintf("%d-%d", s*1000+int64(j), i)))
 		}
 	}
+	// cus_a has another bucket ready, the next second.
+	reqs = append(reqs, ingestReq(mev("cus_a", "tokens", 100, sec.Add(time.Second)), fmt.Sprintf("%d-0", (s+1)*1000)))
 	b.ingest(t, reqs...)
 	// cus_d's slot is held by another sender's per-event call.
 	if _, err := b.pool.Exec(ctx, `INSERT INTO meter_inflight (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
@@ -51,6 +54,9 @@ func TestAggregatesFormedAndFinishedInOneRound(t *testing.T) {
 			a.Value != int64(want*want) || a.Epoch == 0 {
 			t.Fatalf("aggregate %d: %s send %v, %d members (%d read), value %d, epoch %d; want %s, %d members, value %d",
 				i, a.StripeCustomerID, f.Send, a.Members, len(f.Members), a.Value, a.Epoch, keys[i].StripeCustomerID, want, want*want)
+		}
+		if f.More != (i == 0) {
+			t.Fatalf("aggregate of %s: More %v; only cus_a has another bucket ready", a.StripeCustomerID, f.More)
 		}
 		for _, m := range f.Members {
 			if m.StripeCustomerID != a.StripeCustomerID {

@@ -79,8 +79,12 @@ type FormRequest struct {
 // not to be sent now; a takeover (StaleAggregates) decides it.
 type Formed struct {
 	Aggregate Aggregate
-	Members   []Record
-	Send      bool
+	// Members as they were queued: keys, values, entries and outcome
+	// flags, not their fields (MembersOf reads whole rows).
+	Members []Record
+	Send    bool
+	// More: its customer-meter has another bucket ready to form.
+	More bool
 }
 
 // FormAggregates is FormAggregate for many customer-meters in one
@@ -135,6 +139,9 @@ func (l *Ledger) FormAggregates(ctx context.Context, fr FormRequest, keys []Mete
 		out = append(out, *f)
 	}
 	if err := l.saveAggregates(ctx, tx, fr, out, now); err != nil {
+		return nil, err
+	}
+	if err := l.readyAgain(ctx, tx, fr.Stream, out, ready, floor); err != nil {
 		return nil, err
 	}
 	// The slots of keys with nothing formed, and of aggregates of unknown
@@ -253,7 +260,9 @@ func (l *Ledger) readyBuckets(ctx context.Context, tx pgx.Tx, stream string, key
 	return fs, nil
 }
 
-// readMembers reads, locked, the queued members of each of fs's buckets.
+// readMembers reads, locked, the queued members of each of fs's buckets:
+// what an aggregate is made of (key, value, entry, outcome), not their
+// fields (a busy customer's second is thousands of rows).
 func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs []*Formed, w int64) error {
 	sc, names := make([]string, len(fs)), make([]string, len(fs))
 	secs, buckets := make([]time.Time, len(fs)), make([]int64, len(fs))
@@ -266,7 +275,8 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 	span := time.Duration(w) * time.Second
 	// The outer bounds let the plan read only the partitions of the
 	// buckets' days.
-	rows, err := tx.Query(ctx, `SELECT `+recordCols+`, k.i FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
+	rows, err := tx.Query(ctx, `SELECT m.event_ts, m.identifier, m.event_name, m.stripe_customer_id, coalesce(m.customer_id, ''), m.value,
+			m.first_sent_at, m.outcome_unknown, coalesce(m.stream_message_id, ''), m.created_at, coalesce(m.stream, ''), k.i FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
 			WITH ORDINALITY AS k(k_sc, k_name, k_sec, k_bucket, i)
 		CROSS JOIN LATERAL (SELECT * FROM {schema}.meter_events m
 			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
@@ -281,17 +291,42 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 	defer rows.Close()
 	for rows.Next() {
 		var i int64
-		rec, _, err := scanRecord(rows, &i)
-		if err != nil {
+		r := Record{Status: StatusQueued}
+		if err := rows.Scan(&r.EventTS, &r.Identifier, &r.EventName, &r.StripeCustomerID, &r.CustomerID, &r.Value, &r.FirstSentAt,
+			&r.OutcomeUnknown, &r.StreamMessageID, &r.CreatedAt, &r.Stream, &i); err != nil {
 			return err
 		}
+		r.EventTS, r.FirstSentAt, r.CreatedAt = r.EventTS.UTC(), r.FirstSentAt.UTC(), r.CreatedAt.UTC()
 		f := fs[i-1]
-		f.Members = append(f.Members, rec)
+		f.Members = append(f.Members, r)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading meter aggregate members: %w", err)
 	}
 	return nil
+}
+
+// readyAgain sets More on each of out whose customer-meter has another
+// queued event of a ready bucket (its members are sending by now).
+func (l *Ledger) readyAgain(ctx context.Context, tx pgx.Tx, stream string, out []Formed, ready int64, floor time.Time) error {
+	if len(out) == 0 {
+		return nil
+	}
+	sc, names := make([]string, len(out)), make([]string, len(out))
+	for i, f := range out {
+		sc[i], names[i] = f.Aggregate.StripeCustomerID, f.Aggregate.EventName
+	}
+	rows, err := tx.Query(ctx, `SELECT k.i FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS k(k_sc, k_name, i)
+		WHERE EXISTS (SELECT 1 FROM {schema}.meter_events m
+			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
+				AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= $5)`,
+		stream, sc, names, ready, floor)
+	if err != nil {
+		return err
+	}
+	var i int64
+	_, err = pgx.ForEachRow(rows, []any{&i}, func() error { out[i-1].More = true; return nil })
+	return err
 }
 
 func maxTime(a, b time.Time) time.Time {

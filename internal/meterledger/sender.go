@@ -86,7 +86,13 @@ func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggre
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing unsent meter events: %w", err)
 	}
-	if k := len(keyC); n == listWindow && k > 0 {
+	// Each key costs the read below a lookup: no more keys than the
+	// listing returns at most; the cursor moves on past the last kept.
+	cut := limit > 0 && len(keyC) > limit
+	if cut {
+		keyC, keyM = keyC[:limit], keyM[:limit]
+	}
+	if k := len(keyC); (n == listWindow || cut) && k > 0 {
 		from.After = [2]string{keyC[k-1], keyM[k-1]}
 	} else {
 		from.After = [2]string{} // the end: from the start next time

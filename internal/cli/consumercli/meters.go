@@ -55,6 +55,7 @@ type MeterOptions struct {
 	Block          time.Duration
 	Workers        int
 	Pipeline       int
+	SendSlots      int
 	SendFromLedger bool
 	// AggregateMeters: --aggregate-meters, comma-separated event names.
 	AggregateMeters string
@@ -74,7 +75,9 @@ func (o *MeterOptions) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.Count, "count", 100, "entries per read, reserved and recorded in one transaction each")
 	fs.DurationVar(&o.Block, "block", consumer.DefaultBlock, "XREADGROUP BLOCK")
 	fs.IntVar(&o.Workers, "workers", 16, "Stripe calls at once per batch (one per customer and meter)")
-	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16); with --send-from-ledger, --workers × --pipeline customer-meters are sent to at once")
+	fs.IntVar(&o.Pipeline, "pipeline", 2, "batches in flight at once: the next batch's ledger work and calls overlap the slowest calls of the one before (1-16)")
+	fs.IntVar(&o.SendSlots, "send-slots", 0, "with --send-from-ledger: customer-meters sent to at once, in rounds of up to --workers "+
+		"(each waits for one call, about 100 ms: 64 slots send up to about 600 calls a second); 0: 4 × --workers")
 	fs.BoolVar(&o.SendFromLedger, "send-from-ledger", false, "record each event in the ledger at ingest and ack it, and send from the ledger: "+
 		"a busy customer's backlog never delays another's; fences the ledger against per-event consumers for good")
 	fs.StringVar(&o.AggregateMeters, "aggregate-meters", "", "comma-separated event names of sum meters (NAME[,NAME]) whose events of one "+
@@ -115,6 +118,10 @@ func (o *MeterOptions) Validate() error {
 		return cli.Usagef("--count %d and --workers %d must be positive", o.Count, o.Workers)
 	case o.Pipeline < 1 || o.Pipeline > 16:
 		return cli.Usagef("--pipeline %d must be between 1 and 16", o.Pipeline)
+	case o.SendSlots < 0 || o.SendSlots > 1024:
+		return cli.Usagef("--send-slots %d must be between 0 (4 × --workers) and 1024", o.SendSlots)
+	case o.SendSlots > 0 && !o.SendFromLedger:
+		return cli.Usagef("--send-slots %d applies to --send-from-ledger only: add --send-from-ledger, or drop --send-slots", o.SendSlots)
 	case o.Lease < 3*time.Second:
 		return cli.Usagef("--lease %s: at least 3s (it is renewed every lease/3)", o.Lease)
 	case o.SafeWindow <= 0 || o.SafeWindow >= 24*time.Hour:
@@ -169,7 +176,7 @@ func (o *MeterOptions) run(ctx context.Context, stderr io.Writer) int {
 	for _, sg := range o.streams {
 		c, err := consumer.NewMeterConsumer(consumer.MeterConfig{Redis: rdb, DB: pool, Schema: o.Schema, Stripe: rp.Stripe,
 			Stream: sg.Stream, Group: sg.Group, Name: o.Name, Namespace: o.Namespace, Count: o.Count, Block: o.Block,
-			Workers: o.Workers, Pipeline: o.Pipeline, SendFromLedger: o.SendFromLedger, AggregateMeters: o.aggregate, AggregateBucket: o.AggregateBucket, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
+			Workers: o.Workers, Pipeline: o.Pipeline, SendSlots: o.SendSlots, SendFromLedger: o.SendFromLedger, AggregateMeters: o.aggregate, AggregateBucket: o.AggregateBucket, Lease: o.Lease, SafeWindow: o.SafeWindow, Rules: event.MeterRules{}, Witness: mon,
 			Metrics: metrics, Notifier: rp.Notifier, DeadLetters: dl, Logger: logger, Paused: pauses.Func(sg.Stream, sg.Group)})
 		if err != nil {
 			return cli.Fail(stderr, prog, cli.Usagef("%v", err))

@@ -25,6 +25,17 @@ func TestMeterEventsCommand(t *testing.T) {
 	if code, _, errs := call(context.Background(), "meter-events", "--pipeline", "0"); code != 2 || !strings.Contains(errs, "--pipeline 0") {
 		t.Fatalf("--pipeline 0: exit %d %s", code, errs)
 	}
+	for _, c := range []struct{ args, want []string }{
+		{[]string{"--send-slots", "64"}, []string{"--send-slots 64 applies to --send-from-ledger only", "add --send-from-ledger"}},
+		{[]string{"--send-from-ledger", "--send-slots", "-1"}, []string{"--send-slots -1 must be between 0 (4 × --workers) and 1024"}},
+	} {
+		code, _, errs := call(context.Background(), append([]string{"meter-events"}, c.args...)...)
+		for _, w := range c.want {
+			if code != 2 || !strings.Contains(errs, w) {
+				t.Fatalf("%v: exit %d, %q; want exit 2 naming %q", c.args, code, errs, w)
+			}
+		}
+	}
 	_, url := testenv.DBWithURL(t)
 	schema := testenv.SchemaOfURL(url)
 	sim, err := stripesim.New(stripesim.Config{Seed: 3})
