@@ -60,8 +60,8 @@ import (
 //
 // Run: go test -run '^$' -bench BenchmarkUsageAtScale -benchtime 1x -count 1 ./consumer/
 // PELGUARD_BENCH_SCALE_SECONDS shortens the production (default 60);
-// PELGUARD_BENCH_SCALE_WORKERS, _PIPELINE and _COUNT set MeterConfig's
-// Workers, Pipeline and Count (default: theirs).
+// PELGUARD_BENCH_SCALE_WORKERS, _PIPELINE, _SLOTS and _COUNT set
+// MeterConfig's Workers, Pipeline, SendSlots and Count (default: theirs).
 func BenchmarkUsageAtScale(b *testing.B) {
 	for _, mode := range []string{"aggregated", "per_event"} {
 		b.Run(mode, func(b *testing.B) {
@@ -141,7 +141,7 @@ func runScaleBench(b *testing.B, mode string) {
 		pools = append(pools, pool)
 		cfg := consumer.MeterConfig{Redis: w.rdb, DB: pool, Schema: testenv.SchemaOf(w.pool), Stripe: w.stripe,
 			Stream: w.stream, Group: w.group, Name: name, Namespace: "test",
-			Workers: scaleEnv(b, "WORKERS", 0), Pipeline: scaleEnv(b, "PIPELINE", 0), Count: int64(scaleEnv(b, "COUNT", 0))}
+			Workers: scaleEnv(b, "WORKERS", 0), Pipeline: scaleEnv(b, "PIPELINE", 0), SendSlots: scaleEnv(b, "SLOTS", 0), Count: int64(scaleEnv(b, "COUNT", 0))}
 		if mode == "aggregated" {
 			cfg.SendFromLedger, cfg.AggregateMeters = true, []string{meterName}
 		}
