@@ -205,16 +205,25 @@ func (c *MeterConsumer) count(b *MeterBatch, id string, o Outcome) {
 // A ctx that ends while Run starts is a stop, not a failure: Run returns
 // nil then, as it does once running.
 func (c *MeterConsumer) Run(ctx context.Context) error {
-	if _, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now()); err != nil {
-		return stoppedOr(ctx, err)
+	if err := c.untilAnswered(ctx, "creating meter event partitions", func() error {
+		_, err := c.ledger.EnsurePartitions(ctx, c.cfg.Clock.Now())
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return err
 	}
 	defer c.beatWhileRunning(ctx)()
 	defer c.watchBacklogWhileRunning(ctx)()
-	waitSenders, err := c.startSenders(ctx)
-	if err != nil {
-		return stoppedOr(ctx, err)
+	var waitSenders func()
+	err := c.untilAnswered(ctx, "starting the meter event senders", func() (err error) {
+		waitSenders, err = c.startSenders(ctx)
+		return err
+	})
+	if waitSenders != nil {
+		defer waitSenders()
 	}
-	defer waitSenders()
+	if err != nil || ctx.Err() != nil {
+		return err
+	}
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -298,15 +307,6 @@ func (c *MeterConsumer) Run(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// stoppedOr is nil once ctx has ended (what failed was cut short by the
-// stop), err otherwise.
-func stoppedOr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 // ownRevisitIdle is how soon Run reads its own pending entries again

@@ -398,10 +398,13 @@ func meterThroughPooler(t *testing.T, b *pgbouncer.Bouncer, mode string) {
 		w.add(t, e.Payload())
 	}
 	delivered := func() int { return w.count(t, `SELECT count(*) FROM {schema}.meter_events WHERE status = 'delivered'`) }
-	c := startBin(t, "consumer", env, "meter-events", "--stream", w.stream, "--metrics-addr", "", "--block", "100ms")
-	testenv.Eventually(t, time.Minute, func() bool {
+	c := superviseUntil(t, b, time.Minute, func() *proc {
+		return startBin(t, "consumer", env, "meter-events", "--stream", w.stream, "--metrics-addr", "", "--block", "100ms")
+	}, func() bool {
 		return w.sim.MeterEventCounts().Recorded == n && delivered() == n && w.pending(t) == 0
-	}, "%d meter events sent through the pooler (Stripe %d, delivered rows %d)", n, w.sim.MeterEventCounts().Recorded, delivered())
+	}, func() string {
+		return fmt.Sprintf("%d meter events sent through the pooler (Stripe %d, delivered rows %d)", n, w.sim.MeterEventCounts().Recorded, delivered())
+	})
 	if out := c.stop(); strings.Contains(out, "prepared statement") {
 		t.Fatalf("the meter consumer hit prepared statements through the pooler:\n%s", out)
 	}
@@ -493,4 +496,78 @@ func twoAuditorRunsThroughPooler(t *testing.T, b *pgbouncer.Bouncer) {
 	if n := idleAdvisoryLocks(t, pool, db); n != 0 {
 		t.Fatalf("%d advisory locks held by idle backends after the runs", n)
 	}
+}
+
+// superviseUntil starts a role with start and waits up to timeout for
+// done. A role that exits meanwhile fails the test with its output, unless
+// the pooler crashed and the kit restarted it (PgBouncer 1.18 can crash on
+// a cancel request under load): then the role is started again, as its
+// supervisor would, up to twice.
+func superviseUntil(t *testing.T, b *pgbouncer.Bouncer, timeout time.Duration, start func() *proc, done func() bool, what func() string) *proc {
+	t.Helper()
+	p := start()
+	deadline := time.Now().Add(timeout)
+	for again := 0; !done(); time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-p.exited:
+			if b.Restarts() == 0 || again == 2 {
+				t.Fatalf("%s exited before %s\n%s", p.name, what(), p.out.String())
+			}
+			again++
+			t.Logf("%s exited after the pooler was restarted; started again:\n%s", p.name, p.out.String())
+			p = start()
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: %s\n%s's output:\n%s", timeout, what(), p.name, p.out.String())
+		}
+	}
+	return p
+}
+
+// The pooler crashes (SIGKILL; the kit restarts it) while a meter consumer
+// starts, and again once it runs: the consumer keeps going (a lost
+// connection while it makes its partitions is tried again, not a stop)
+// and every event is counted once.
+func TestMeterConsumerOutlastsAPoolerRestart(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	b := pgbouncer.Start(t, pgbouncer.Config{})
+	w := newPooled(t, b, "poolerkill", "default_query_exec_mode=exec")
+	if _, err := w.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: "api_requests"}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	for i := range n {
+		w.add(t, event.MeterEvent{EventName: "api_requests", StripeCustomerID: fmt.Sprintf("cus_k%d", i%4), Value: int64(i + 1),
+			Timestamp: now.Add(-time.Duration(i) * time.Second), EventID: fmt.Sprintf("req-%d", i)}.Payload())
+	}
+	c := startBin(t, "consumer", w.env(t, w.mode), "meter-events", "--stream", w.stream, "--metrics-addr", "", "--block", "100ms")
+	time.Sleep(200 * time.Millisecond)
+	if err := b.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for killed := false; w.sim.MeterEventCounts().Recorded < n || w.pending(t) > 0; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-c.exited:
+			t.Fatalf("the consumer stopped after the pooler's restart:\n%s", c.out.String())
+		default:
+		}
+		if !killed && w.sim.MeterEventCounts().Recorded > 0 {
+			killed = true
+			if err := b.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %d of %d events counted, %d pending\n%s", w.sim.MeterEventCounts().Recorded, n, w.pending(t), c.out.String())
+		}
+	}
+	// A call whose outcome the crash cut off is sent again under its
+	// identifier: refused as a duplicate, counted once.
+	if got := w.sim.MeterEventCounts().Recorded; got != n {
+		t.Fatalf("Stripe counted %d events; want %d, each once", got, n)
+	}
+	c.stop()
 }
