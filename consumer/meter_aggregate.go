@@ -33,7 +33,10 @@ type aggWork struct {
 	keyErr  error
 	missing bool
 	paused  bool // paused before its call: not sent
-	more    bool // its customer-meter had another bucket ready when formed
+	// cand is the sender's candidate it was formed for (none for a
+	// takeover); more: its customer-meter had another bucket ready then.
+	cand meterledger.Record
+	more bool
 }
 
 // sendAggregates takes over and re-sends stale aggregates of the stream
@@ -105,8 +108,9 @@ func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) met
 
 // formAndSend forms the aggregate of each candidate's second (one per
 // customer-meter), witnesses it, and sends it. It returns the calls made
-// and the customer-meters that sent one and have another ready.
-func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, map[meterKey]bool, error) {
+// and the candidates whose customer-meter delivered one and has another
+// ready.
+func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, []meterledger.Record, error) {
 	if c.paused() {
 		return 0, nil, nil
 	}
@@ -120,9 +124,11 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	// The round's candidates are other customer-meters: formed in one
 	// transaction. The oldest candidate's day bounds the partitions read.
 	keys := make([]meterledger.MeterKey, len(cands))
+	candOf := make(map[meterledger.MeterKey]meterledger.Record, len(cands))
 	from := cands[0].EventTS
 	for i, r := range cands {
-		keys[i] = meterledger.MeterKey{EventName: r.EventName, StripeCustomerID: r.StripeCustomerID}
+		keys[i] = keyOf(r)
+		candOf[keys[i]] = r
 		if r.EventTS.Before(from) {
 			from = r.EventTS
 		}
@@ -147,7 +153,8 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 				"stream", c.cfg.Stream, "identifier", a.Identifier, "event_name", a.EventName, "second", a.Second.Unix(),
 				"arrival_second", a.ArrivalSecond, "members", a.Members)
 		}
-		work = append(work, &aggWork{agg: a, more: f.More})
+		work = append(work, &aggWork{agg: a, cand: candOf[meterledger.MeterKey{EventName: a.EventName, StripeCustomerID: a.StripeCustomerID}],
+			more: f.More})
 		wit = append(wit, aggregateWitness(a, f.Members))
 	}
 	if len(work) == 0 {
@@ -162,13 +169,13 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		return 0, nil, err
 	}
 	n, err := c.finishAggregates(ctx, work, nil, nil)
-	sent := map[meterKey]bool{}
+	var again []meterledger.Record
 	for _, w := range work {
 		if w.out.Result == meterledger.Delivered && w.more {
-			sent[meterKey{w.agg.StripeCustomerID, w.agg.EventName}] = true
+			again = append(again, w.cand)
 		}
 	}
-	return n, sent, err
+	return n, again, err
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with
@@ -212,7 +219,7 @@ func (c *MeterConsumer) finishAggregates(ctx context.Context, work []*aggWork, d
 		if res == 0 || res == meterledger.Release {
 			continue // not recorded (stays sending, taken over when its lease lapses), or released
 		}
-		if _, read := memberRows[w.agg.Identifier]; !read && res == meterledger.Delivered {
+		if !c.readsMembers(res) {
 			// Delivered with no witness to write: its members are not read.
 			c.cfg.Metrics.eventsN(c.cfg.Stream, OutcomeDelivered, w.agg.Members)
 			continue
@@ -299,7 +306,7 @@ func (c *MeterConsumer) recordAggregates(ctx context.Context, work []*aggWork) (
 	var finished []meterledger.Aggregate
 	for j, i := range sent {
 		results[i] = got[j]
-		if got[j] != 0 && got[j] != meterledger.Release && (got[j] != meterledger.Delivered || c.witnessed) {
+		if got[j] != 0 && got[j] != meterledger.Release && c.readsMembers(got[j]) {
 			finished = append(finished, work[i].agg)
 		}
 	}
@@ -310,6 +317,12 @@ func (c *MeterConsumer) recordAggregates(ctx context.Context, work []*aggWork) (
 		return results, nil, cmp.Or(firstErr, err)
 	}
 	return results, members, firstErr
+}
+
+// readsMembers reports whether an aggregate finished with res has its
+// members read after it: for their witness, or their dead letters.
+func (c *MeterConsumer) readsMembers(res meterledger.Result) bool {
+	return res != meterledger.Delivered || c.witnessed
 }
 
 // parallel runs fn(0..n-1), at most width at once.

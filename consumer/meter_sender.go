@@ -28,10 +28,10 @@ import (
 // free go to the next round at once. So a busy customer holds one slot
 // and never more, and a quiet customer's event waits only for a free one.
 
-// meterKey is a customer-meter: Stripe takes one of its events at a time.
-type meterKey struct{ customer, eventName string }
-
-func keyOf(r meterledger.Record) meterKey { return meterKey{r.StripeCustomerID, r.EventName} }
+// keyOf is r's customer-meter: Stripe takes one of its events at a time.
+func keyOf(r meterledger.Record) meterledger.MeterKey {
+	return meterledger.MeterKey{EventName: r.EventName, StripeCustomerID: r.StripeCustomerID}
+}
 
 const (
 	// senderRelist is how soon after a listing the sender lists again,
@@ -91,7 +91,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 	width := c.cfg.SendSlots
 	var (
 		wg       sync.WaitGroup
-		inflight = map[meterKey]bool{}
+		inflight = map[meterledger.MeterKey]bool{}
 		done     = make(chan roundEnd, width)
 		from     meterledger.ListFrom
 		floor    time.Time // the ledger's, read at floorAt
@@ -158,7 +158,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			listedAt, ended = time.Now(), false
 		}
 		var round []meterledger.Record
-		var keys []meterKey
+		var keys []meterledger.MeterKey
 		for len(queue) > 0 && len(round) < min(c.cfg.Workers, width-len(inflight)) {
 			r := queue[0]
 			queue = queue[1:]
@@ -203,7 +203,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 // roundEnd is a round's end: its customer-meters, and the candidates of
 // those that sent an aggregate and have another ready (to try first).
 type roundEnd struct {
-	keys  []meterKey
+	keys  []meterledger.MeterKey
 	again []meterledger.Record
 }
 
@@ -316,15 +316,10 @@ func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record
 	var na int
 	var again []meterledger.Record
 	if len(forms) > 0 {
-		n, sent, err := c.formAndSend(ctx, forms)
-		na += n
+		n, more, err := c.formAndSend(ctx, forms)
+		na, again = na+n, more
 		if err != nil {
 			return na, nil, err
-		}
-		for _, r := range forms {
-			if sent[keyOf(r)] {
-				again = append(again, r)
-			}
 		}
 	}
 	n, err := c.sendEvents(ctx, perEvent)

@@ -40,9 +40,10 @@ func (l *Ledger) FinishAggregates(ctx context.Context, outs []AggregateOutcome) 
 	n := len(outs)
 	ids, sc, names := make([]string, n), make([]string, n), make([]string, n)
 	epochs, toks := make([]int64, n), make([]int64, n)
+	aggs := make([]Aggregate, n)
 	for i, o := range outs {
 		ids[i], epochs[i], toks[i] = o.Aggregate.hold()
-		sc[i], names[i] = o.Aggregate.StripeCustomerID, o.Aggregate.EventName
+		sc[i], names[i], aggs[i] = o.Aggregate.StripeCustomerID, o.Aggregate.EventName, o.Aggregate
 	}
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
@@ -72,7 +73,7 @@ func (l *Ledger) FinishAggregates(ctx context.Context, outs []AggregateOutcome) 
 	var memIDs, memSt, memReason []string
 	var memUnknown []bool
 	var failed []string
-	lo, hi := memberSpan(outs[0].Aggregate)
+	lo, hi := spanOf(aggs)
 	for i, o := range outs {
 		unk, held := unknown[ids[i]]
 		if !held {
@@ -92,8 +93,6 @@ func (l *Ledger) FinishAggregates(ctx context.Context, outs []AggregateOutcome) 
 		if res == Failed {
 			failed = append(failed, ids[i])
 		}
-		l2, h2 := memberSpan(o.Aggregate)
-		lo, hi = minTime(lo, l2), maxTime(hi, h2)
 	}
 	if len(aggIDs) > 0 {
 		if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_aggregates a SET status = u.st, lease_owner = NULL, lease_expires_at = NULL,
@@ -153,12 +152,10 @@ func (l *Ledger) MembersOfAll(ctx context.Context, aggs []Aggregate) (map[string
 		return nil, nil
 	}
 	ids := make([]string, len(aggs))
-	lo, hi := memberSpan(aggs[0])
 	for i, a := range aggs {
 		ids[i] = a.Identifier
-		l2, h2 := memberSpan(a)
-		lo, hi = minTime(lo, l2), maxTime(hi, h2)
 	}
+	lo, hi := spanOf(aggs)
 	rows, err := l.pool.Query(ctx, `SELECT `+recordCols+`, m.aggregate FROM {schema}.meter_events m WHERE m.aggregate = ANY($1)
 		AND m.event_ts >= $2 AND m.event_ts < $3
 		ORDER BY m.aggregate, m.event_ts, m.identifier`, ids, lo, hi)
@@ -179,4 +176,15 @@ func (l *Ledger) MembersOfAll(ctx context.Context, aggs []Aggregate) (map[string
 		return nil, fmt.Errorf("reading meter aggregate members: %w", err)
 	}
 	return got, nil
+}
+
+// spanOf bounds the timestamps of the members of every one of aggs
+// (memberSpan of each; aggs not empty).
+func spanOf(aggs []Aggregate) (lo, hi time.Time) {
+	lo, hi = memberSpan(aggs[0])
+	for _, a := range aggs[1:] {
+		l, h := memberSpan(a)
+		lo, hi = minTime(lo, l), maxTime(hi, h)
+	}
+	return lo, hi
 }

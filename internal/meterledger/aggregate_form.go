@@ -264,13 +264,10 @@ func (l *Ledger) readyBuckets(ctx context.Context, tx pgx.Tx, stream string, key
 // what an aggregate is made of (key, value, entry, outcome), not their
 // fields (a busy customer's second is thousands of rows).
 func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs []*Formed, w int64) error {
-	sc, names := make([]string, len(fs)), make([]string, len(fs))
-	secs, buckets := make([]time.Time, len(fs)), make([]int64, len(fs))
-	lo, hi := fs[0].Aggregate.Second, fs[0].Aggregate.Second
-	for i, f := range fs {
-		a := f.Aggregate
-		sc[i], names[i], secs[i], buckets[i] = a.StripeCustomerID, a.EventName, a.Second, a.ArrivalSecond
-		lo, hi = minTime(lo, a.Second), maxTime(hi, a.Second)
+	sc, names, secs, buckets := bucketColumns(fs)
+	lo, hi := secs[0], secs[0]
+	for _, s := range secs {
+		lo, hi = minTime(lo, s), maxTime(hi, s)
 	}
 	span := time.Duration(w) * time.Second
 	// The outer bounds let the plan read only the partitions of the
@@ -329,6 +326,17 @@ func (l *Ledger) readyAgain(ctx context.Context, tx pgx.Tx, stream string, out [
 	return err
 }
 
+// bucketColumns is each of fs's key (customer, meter, second, arrival
+// bucket) as columns, for unnest.
+func bucketColumns(fs []*Formed) (sc, names []string, secs []time.Time, buckets []int64) {
+	for _, f := range fs {
+		a := f.Aggregate
+		sc, names = append(sc, a.StripeCustomerID), append(names, a.EventName)
+		secs, buckets = append(secs, a.Second), append(buckets, a.ArrivalSecond)
+	}
+	return sc, names, secs, buckets
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
@@ -340,12 +348,7 @@ func maxTime(a, b time.Time) time.Time {
 // of its members at its second, numbered after the aggregates formed
 // before of the same bucket (a late join).
 func (l *Ledger) nameAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, fs []*Formed, w int64, now time.Time) error {
-	sc, names := make([]string, len(fs)), make([]string, len(fs))
-	secs, buckets := make([]time.Time, len(fs)), make([]int64, len(fs))
-	for i, f := range fs {
-		a := f.Aggregate
-		sc[i], names[i], secs[i], buckets[i] = a.StripeCustomerID, a.EventName, a.Second, a.ArrivalSecond
-	}
+	sc, names, secs, buckets := bucketColumns(fs)
 	earlier := make([]int64, len(fs))
 	rows, err := tx.Query(ctx, `SELECT (SELECT count(*) FROM {schema}.meter_aggregates a WHERE a.stream = $1 AND a.stripe_customer_id = k.k_sc
 			AND a.event_name = k.k_name AND a.second = k.k_sec AND a.arrival_second = k.k_bucket AND a.bucket_seconds = $6)
