@@ -108,7 +108,7 @@ func TestReplayOfARefusedAggregateCountsItsMembersOnce(t *testing.T) {
 	b.addMeter(t, e1, e2)
 	runConsumers(t, b.aggConsumer(t, "m-a", 3*time.Second))
 	// Under -race beside the other packages (CI) a run of this test took
-	// 22 s where it takes 1 s alone: the wait is the machine's, not the
+	// 22 s where it takes 10 s alone: the wait is the machine's, not the
 	// sender's.
 	testenv.Eventually(t, 90*time.Second, func() bool { return len(b.deadEntries(t)) == 2 }, "both members dead-lettered")
 	if c := b.sim.MeterEventCounts(); c.Recorded != 0 {
