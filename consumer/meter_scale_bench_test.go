@@ -19,6 +19,7 @@ import (
 	"github.com/pelguard/pelguard/internal/pg"
 	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
+	"github.com/pelguard/pelguard/internal/watermark"
 )
 
 // BenchmarkUsageAtScale is usage at volume end to end, at full scale: one
@@ -56,7 +57,10 @@ import (
 //   - customers_short: customers whose usage was not all counted at the
 //     end; counted_share: the units counted over those produced;
 //   - drain_s: from the last event to everything counted (or the cap);
-//   - pg_conns_max: the consumers' Postgres connections at the peak.
+//   - pg_conns_max: the consumers' Postgres connections at the peak;
+//   - watermark_lag_s_median, watermark_lag_s_max: how far the group's
+//     ingest watermark trailed the clock while events were produced (a
+//     second's aggregate is formed only once the watermark has passed it).
 //
 // Run: go test -run '^$' -bench BenchmarkUsageAtScale -benchtime 1x -count 1 ./consumer/
 // PELGUARD_BENCH_SCALE_SECONDS shortens the production (default 60);
@@ -103,6 +107,9 @@ type scaleRun struct {
 	last        time.Time // the last event added
 	busyLags    []time.Duration
 	quietLags   []time.Duration
+	// markLags: how far the group's ingest watermark trails the clock
+	// while the producer runs (an aggregate waits for it).
+	markLags []time.Duration
 	conns       int32
 }
 
@@ -157,7 +164,10 @@ func runScaleBench(b *testing.B, mode string) {
 	b.StartTimer()
 	start := time.Now()
 	sampled := make(chan struct{})
-	go r.sample(ctx, w.sim, pools, sampled)
+	go r.sample(ctx, w.sim, pools, sampled, func() (time.Time, error) {
+		m, err := watermark.Read(ctx, w.rdb, w.stream, w.group)
+		return m.Time(), err
+	})
 	totals, tuples, prodStats := r.produce(ctx, b, w.rdb, w.stream, start, seconds)
 	<-sampled
 	drained := time.Since(r.last)
@@ -197,6 +207,8 @@ func runScaleBench(b *testing.B, mode string) {
 	b.ReportMetric(percentile(r.quietLags, 1).Seconds(), "quiet_lag_s_max")
 	b.ReportMetric(percentile(r.quietLags, 0.5).Seconds(), "quiet_lag_s_median")
 	b.ReportMetric(float64(r.conns), "pg_conns_max")
+	b.ReportMetric(percentile(r.markLags, 0.5).Seconds(), "watermark_lag_s_median")
+	b.ReportMetric(percentile(r.markLags, 1).Seconds(), "watermark_lag_s_max")
 	r.mu.Unlock()
 	b.ReportMetric(float64(calls), "calls")
 	b.ReportMetric(float64(c.Recorded), "calls_recorded")
@@ -292,7 +304,9 @@ func (r *scaleRun) produce(ctx context.Context, b *testing.B, rdb redis.Universa
 
 // sample compares what the emulator counted with what was produced until
 // everything is counted or scaleCap has passed since the last event.
-func (r *scaleRun) sample(ctx context.Context, sim *stripesim.Server, pools []*pgxpool.Pool, done chan<- struct{}) {
+// mark reads the group's ingest watermark.
+func (r *scaleRun) sample(ctx context.Context, sim *stripesim.Server, pools []*pgxpool.Pool, done chan<- struct{},
+	mark func() (time.Time, error)) {
 	defer close(done)
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -316,8 +330,12 @@ func (r *scaleRun) sample(ctx context.Context, sim *stripesim.Server, pools []*p
 		for _, p := range pools {
 			conns += p.Stat().TotalConns()
 		}
+		m, err := mark()
 		now := time.Now()
 		r.mu.Lock()
+		if err == nil && r.producing {
+			r.markLags = append(r.markLags, now.Sub(m))
+		}
 		r.conns = max(r.conns, conns)
 		if len(r.busy.at) == 0 {
 			r.mu.Unlock()

@@ -2,6 +2,7 @@ package meterledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -127,6 +128,9 @@ func (l *Ledger) FormAggregates(ctx context.Context, fr FormRequest, keys []Mete
 	if err := l.readMembers(ctx, tx, fr.Stream, fs, w); err != nil {
 		return nil, err
 	}
+	if l.membersRead != nil {
+		l.membersRead()
+	}
 	if err := l.nameAggregates(ctx, tx, fr, fs, w, now); err != nil {
 		return nil, err
 	}
@@ -138,7 +142,9 @@ func (l *Ledger) FormAggregates(ctx context.Context, fr FormRequest, keys []Mete
 		f.Aggregate.slotToken = toks[MeterKey{f.Aggregate.EventName, f.Aggregate.StripeCustomerID}]
 		out = append(out, *f)
 	}
-	if err := l.saveAggregates(ctx, tx, fr, out, now); err != nil {
+	if err := l.saveAggregates(ctx, tx, fr, out, now); errors.Is(err, errMembersMoved) {
+		return nil, nil // formed again from their rows as they are now, next round
+	} else if err != nil {
 		return nil, err
 	}
 	if err := l.readyAgain(ctx, tx, fr.Stream, out, ready, floor); err != nil {
@@ -260,9 +266,12 @@ func (l *Ledger) readyBuckets(ctx context.Context, tx pgx.Tx, stream string, key
 	return fs, nil
 }
 
-// readMembers reads, locked, the queued members of each of fs's buckets:
-// what an aggregate is made of (key, value, entry, outcome), not their
-// fields (a busy customer's second is thousands of rows).
+// readMembers reads the queued members of each of fs's buckets: what an
+// aggregate is made of (key, value, entry, outcome), not their fields (a
+// busy customer's second is thousands of rows). They are not locked here:
+// the slot keeps other senders off them, and saveAggregates moves them
+// only if each is still queued with the value read (errMembersMoved
+// otherwise). Locking them would write each row once more.
 func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs []*Formed, w int64) error {
 	sc, names, secs, buckets := bucketColumns(fs)
 	lo, hi := secs[0], secs[0]
@@ -279,8 +288,7 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
 				AND m.event_ts >= k.k_sec AND m.event_ts < k.k_sec + make_interval(secs => $6)
 				AND m.event_ts >= $7 AND m.event_ts < $8
-				AND `+bucketSQL("m")+` >= k.k_bucket AND `+bucketSQL("m")+` < k.k_bucket + $6::bigint
-			FOR UPDATE OF m) m
+				AND `+bucketSQL("m")+` >= k.k_bucket AND `+bucketSQL("m")+` < k.k_bucket + $6::bigint) m
 		ORDER BY k.i, m.event_ts, m.identifier`, stream, sc, names, secs, buckets, w, lo, hi.Add(span))
 	if err != nil {
 		return fmt.Errorf("reading meter aggregate members: %w", err)
@@ -432,8 +440,13 @@ func (l *Ledger) nameAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	return nil
 }
 
+// errMembersMoved: a member read by readMembers was no longer queued with
+// the value read when saveAggregates moved it (a repair or a replay wrote
+// it meanwhile); the round's transaction is rolled back and nothing formed.
+var errMembersMoved = errors.New("meter aggregate members changed while it was formed")
+
 // saveAggregates records out's aggregates and moves their members to
-// sending under them.
+// sending under them, each only if still queued with the value read.
 func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, out []Formed, now time.Time) error {
 	if len(out) == 0 {
 		return nil
@@ -445,13 +458,14 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	unknown := make([]bool, n)
 	var mts []time.Time
 	var mids, maggs []string
+	var mvals []int64
 	for i, f := range out {
 		a := f.Aggregate
 		ids[i], names[i], sc[i], digests[i] = a.Identifier, a.EventName, a.StripeCustomerID, a.Digest
 		secs[i], firsts[i], values[i], counts[i] = a.Second, a.FirstSentAt, a.Value, int64(a.Members)
 		buckets[i], widths[i], unknown[i] = a.ArrivalSecond, int64(a.Bucket/time.Second), a.OutcomeUnknown
 		for _, m := range f.Members {
-			mts, mids, maggs = append(mts, m.EventTS), append(mids, m.Identifier), append(maggs, a.Identifier)
+			mts, mids, maggs, mvals = append(mts, m.EventTS), append(mids, m.Identifier), append(maggs, a.Identifier), append(mvals, m.Value)
 		}
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
@@ -478,11 +492,16 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	}
 	// Members are sending with no lease of their own: the aggregate's
 	// lease and epoch fence them (FinishAggregate writes them with it).
-	if _, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
+	tag, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
 			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $1 END
-		FROM unnest($2::timestamptz[], $3::text[], $4::text[]) AS u(ts, id, agg)
-		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($2)`, now, mts, mids, maggs); err != nil {
+		FROM unnest($2::timestamptz[], $3::text[], $4::text[], $5::bigint[]) AS u(ts, id, agg, val)
+		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($2) AND m.status = 'queued' AND m.value = u.val`,
+		now, mts, mids, maggs, mvals)
+	if err != nil {
 		return fmt.Errorf("recording meter aggregate members: %w", err)
+	}
+	if int(tag.RowsAffected()) != len(mids) {
+		return errMembersMoved
 	}
 	return nil
 }

@@ -158,6 +158,9 @@ type Ledger struct {
 	clock   clock.Clock
 	safe    time.Duration
 	witness ledger.Witness
+	// membersRead, in tests, runs between reading an aggregate's members
+	// and saving it (export_test.go).
+	membersRead func()
 
 	mu sync.Mutex
 	// ensured is the range of days this process knows partitions exist for.
