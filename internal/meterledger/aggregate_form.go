@@ -282,7 +282,8 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 	// The outer bounds let the plan read only the partitions of the
 	// buckets' days.
 	rows, err := tx.Query(ctx, `SELECT m.event_ts, m.identifier, m.event_name, m.stripe_customer_id, coalesce(m.customer_id, ''), m.value,
-			m.first_sent_at, m.outcome_unknown, coalesce(m.stream_message_id, ''), m.created_at, coalesce(m.stream, ''), k.i FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
+			m.first_sent_at, m.outcome_unknown, coalesce(m.stream_message_id, ''), m.created_at, coalesce(m.stream, ''), k.i,
+			count(*) OVER (PARTITION BY k.i) FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
 			WITH ORDINALITY AS k(k_sc, k_name, k_sec, k_bucket, i)
 		CROSS JOIN LATERAL (SELECT * FROM {schema}.meter_events m
 			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
@@ -295,14 +296,19 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var i int64
+		var i, n int64
 		r := Record{Status: StatusQueued}
 		if err := rows.Scan(&r.EventTS, &r.Identifier, &r.EventName, &r.StripeCustomerID, &r.CustomerID, &r.Value, &r.FirstSentAt,
-			&r.OutcomeUnknown, &r.StreamMessageID, &r.CreatedAt, &r.Stream, &i); err != nil {
+			&r.OutcomeUnknown, &r.StreamMessageID, &r.CreatedAt, &r.Stream, &i, &n); err != nil {
 			return err
 		}
 		r.EventTS, r.FirstSentAt, r.CreatedAt = r.EventTS.UTC(), r.FirstSentAt.UTC(), r.CreatedAt.UTC()
 		f := fs[i-1]
+		if f.Members == nil {
+			// Sized once: a busy second is thousands of large records,
+			// and growing them copied each several times.
+			f.Members = make([]Record, 0, n)
+		}
 		f.Members = append(f.Members, r)
 	}
 	if err := rows.Err(); err != nil {
