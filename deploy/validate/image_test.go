@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,13 @@ import (
 )
 
 const repoRoot = "../.."
+
+// staticBuilds runs the builds of the static binaries (make install, make
+// release, the Dockerfile's build command) one at a time: they compile the
+// same packages with the same flags, so the first fills the build cache and
+// the others only link. Run at once on a fresh machine, each compiled every
+// package itself.
+var staticBuilds sync.Mutex
 
 // imageBinaries are the files the image has in /usr/local/bin.
 var imageBinaries = []string{"pelguard-auditor", "pelguard-console", "pelguard-consumer", "pelguard-reaper"}
@@ -298,7 +306,10 @@ func TestDockerfileBuildCommand(t *testing.T) {
 	sh := exec.Command("sh", "-ec", cmd)
 	sh.Dir = ctxDir
 	sh.Env = append(os.Environ(), "TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION=0.0.0-validate")
-	if b, err := sh.CombinedOutput(); err != nil {
+	staticBuilds.Lock()
+	b, err := sh.CombinedOutput()
+	staticBuilds.Unlock()
+	if err != nil {
 		t.Fatalf("the Dockerfile's build command on its context: %v\n%s\n%s", err, cmd, b)
 	}
 	entries, _ := os.ReadDir(out)
@@ -334,7 +345,10 @@ func TestMakeInstall(t *testing.T) {
 		t.Skip("-short: builds three binaries")
 	}
 	prefix := t.TempDir()
-	if out, err := exec.Command("make", "-C", repoRoot, "install", "PREFIX="+prefix, "VERSION=0.0.0-validate").CombinedOutput(); err != nil {
+	staticBuilds.Lock()
+	out, err := exec.Command("make", "-C", repoRoot, "install", "PREFIX="+prefix, "VERSION=0.0.0-validate").CombinedOutput()
+	staticBuilds.Unlock()
+	if err != nil {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
 	entries, _ := os.ReadDir(filepath.Join(prefix, "bin"))

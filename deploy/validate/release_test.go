@@ -25,8 +25,10 @@ func TestMakeRelease(t *testing.T) {
 	}
 	dir := t.TempDir()
 	platform := "linux/" + runtime.GOARCH
+	staticBuilds.Lock()
 	out, err := exec.Command("make", "-C", repoRoot, "release", "VERSION=v0.0.0-validate", "RELEASE_DIR="+dir,
 		"RELEASE_PLATFORMS="+platform, "SKIP_IMAGE=1").CombinedOutput()
+	staticBuilds.Unlock()
 	if err != nil {
 		t.Fatalf("make release: %v\n%s", err, out)
 	}

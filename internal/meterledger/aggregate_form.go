@@ -270,8 +270,7 @@ func (l *Ledger) readyBuckets(ctx context.Context, tx pgx.Tx, stream string, key
 // aggregate is made of (key, value, entry, outcome), not their fields (a
 // busy customer's second is thousands of rows). They are not locked here:
 // the slot keeps other senders off them, and saveAggregates moves them
-// only if each is still queued with the value read (errMembersMoved
-// otherwise). Locking them would write each row once more.
+// only if each is still queued as it was read (errMembersMoved otherwise). Locking them would write each row once more.
 func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs []*Formed, w int64) error {
 	sc, names, secs, buckets := bucketColumns(fs)
 	lo, hi := secs[0], secs[0]
@@ -447,12 +446,12 @@ func (l *Ledger) nameAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 }
 
 // errMembersMoved: a member read by readMembers was no longer queued with
-// the value read when saveAggregates moved it (a repair or a replay wrote
+// the value and outcome flags read when saveAggregates moved it (a repair or a replay wrote
 // it meanwhile); the round's transaction is rolled back and nothing formed.
 var errMembersMoved = errors.New("meter aggregate members changed while it was formed")
 
 // saveAggregates records out's aggregates and moves their members to
-// sending under them, each only if still queued with the value read.
+// sending under them, each only if still queued as it was read.
 func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, out []Formed, now time.Time) error {
 	if len(out) == 0 {
 		return nil
@@ -465,6 +464,8 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	var mts []time.Time
 	var mids, maggs []string
 	var mvals []int64
+	var munk []bool
+	var mfirst []time.Time
 	for i, f := range out {
 		a := f.Aggregate
 		ids[i], names[i], sc[i], digests[i] = a.Identifier, a.EventName, a.StripeCustomerID, a.Digest
@@ -472,6 +473,7 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 		buckets[i], widths[i], unknown[i] = a.ArrivalSecond, int64(a.Bucket/time.Second), a.OutcomeUnknown
 		for _, m := range f.Members {
 			mts, mids, maggs, mvals = append(mts, m.EventTS), append(mids, m.Identifier), append(maggs, a.Identifier), append(mvals, m.Value)
+			munk, mfirst = append(munk, m.OutcomeUnknown), append(mfirst, m.FirstSentAt)
 		}
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
@@ -500,9 +502,10 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	// lease and epoch fence them (FinishAggregate writes them with it).
 	tag, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
 			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $1 END
-		FROM unnest($2::timestamptz[], $3::text[], $4::text[], $5::bigint[]) AS u(ts, id, agg, val)
-		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($2) AND m.status = 'queued' AND m.value = u.val`,
-		now, mts, mids, maggs, mvals)
+		FROM unnest($2::timestamptz[], $3::text[], $4::text[], $5::bigint[], $6::bool[], $7::timestamptz[]) AS u(ts, id, agg, val, unk, first)
+		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($2) AND m.status = 'queued' AND m.value = u.val
+			AND m.outcome_unknown = u.unk AND m.first_sent_at = u.first`,
+		now, mts, mids, maggs, mvals, munk, mfirst)
 	if err != nil {
 		return fmt.Errorf("recording meter aggregate members: %w", err)
 	}
