@@ -110,7 +110,7 @@ type scaleRun struct {
 	// markLags: how far the group's ingest watermark trails the clock
 	// while the producer runs (an aggregate waits for it).
 	markLags []time.Duration
-	conns       int32
+	conns    int32
 }
 
 func runScaleBench(b *testing.B, mode string) {

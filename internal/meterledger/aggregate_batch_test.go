@@ -3,6 +3,7 @@ package meterledger_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -23,10 +24,8 @@ func TestAggregatesFormedAndFinishedInOneRound(t *testing.T) {
 	s := sec.Unix()
 	var reqs []meterledger.IngestRequest
 	for i, cust := range []string{"cus_a", "cus_b", "cus_c", "cus_d"} {
-		for j := range i + 1 { // cus_a 1 event of value 1, cus_b 2 of 2, …
-			reqs = append(reqs, ingestReq(mev(cust, "tokens", int64(i+1), sec.Add(time.Duration(j)*100*time.Millisecond)),
-				fmt.Sprintf("%d-%d", s*1000+int64(j), i)))
-		}
+		// cus_a 1 event of value 1, cus_b 2 of 2, …
+		reqs = append(reqs, eventsOfSecond(cust, sec, i, slices.Repeat([]int64{int64(i + 1)}, i+1)...)...)
 	}
 	// cus_a has another bucket ready, the next second.
 	reqs = append(reqs, ingestReq(mev("cus_a", "tokens", 100, sec.Add(time.Second)), fmt.Sprintf("%d-0", (s+1)*1000)))
@@ -112,6 +111,17 @@ func TestAggregatesFormedAndFinishedInOneRound(t *testing.T) {
 	}
 }
 
+// eventsOfSecond are cust's tokens events of values, 100 ms apart from
+// sec, their entries added in that second (sequence seq).
+func eventsOfSecond(cust string, sec time.Time, seq int, values ...int64) []meterledger.IngestRequest {
+	reqs := make([]meterledger.IngestRequest, len(values))
+	for j, v := range values {
+		reqs[j] = ingestReq(mev(cust, "tokens", v, sec.Add(time.Duration(j)*100*time.Millisecond)),
+			fmt.Sprintf("%d-%d", sec.Unix()*1000+int64(j), seq))
+	}
+	return reqs
+}
+
 func memberIDs(ms []meterledger.Record) []string {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
@@ -130,12 +140,7 @@ func TestAMemberMovedWhileFormingFormsNothing(t *testing.T) {
 	ctx := context.Background()
 	sec := t0.Add(-time.Minute)
 	s := sec.Unix()
-	var reqs []meterledger.IngestRequest
-	for j := range 3 {
-		reqs = append(reqs, ingestReq(mev("cus_a", "tokens", int64(j+1), sec.Add(time.Duration(j)*100*time.Millisecond)),
-			fmt.Sprintf("%d-%d", s*1000+int64(j), j)))
-	}
-	got := b.ingest(t, reqs...)
+	got := b.ingest(t, eventsOfSecond("cus_a", sec, 0, 1, 2, 3)...)
 	moved := got[1].Record.Identifier
 	once := false
 	meterledger.SetMembersRead(b.l, func() {
