@@ -108,14 +108,15 @@ release: ## dist/$VERSION: static binaries per RELEASE_PLATFORMS, tarballs, SHA2
 docs: ## Regenerate docs/reference/ from the code (flags, exit codes, metrics, alerts, tables); make test checks it is current
 	$(SERVICES) $(GO) test -count=1 -run '^TestReferenceUpToDate$$' ./internal/testkit/refdocs -update
 
+DEPLOY_CHECK = cd deploy/validate && $(GO) test -timeout 20m -count=1 ./...
 deploy-check: ## Validate deploy/: Kubernetes types + Pod Security restricted, systemd-analyze, promtool
-	cd deploy/validate && $(GO) test -timeout 20m -count=1 ./...
+	$(DEPLOY_CHECK)
 
 # deploy-check runs beside the tests (its output, in bin/deploy-check.log, is
 # printed after them): it is mostly compiling, and the tests leave a core idle
 # much of the time.
 test: tools ## Run every test with -race against real Redis and Postgres (examples/embed too), and deploy-check
-	@mkdir -p bin; { (cd deploy/validate && $(GO) test -timeout 20m -count=1 ./...) > bin/deploy-check.log 2>&1; echo $$? > bin/deploy-check.rc; } & \
+	@mkdir -p bin; { ($(DEPLOY_CHECK)) > bin/deploy-check.log 2>&1; echo $$? > bin/deploy-check.rc; } & \
 	$(SERVICES) $(GO) test -race -timeout 25m -count=1 $(PKGS); rc=$$?; \
 	wait; echo "make deploy-check (beside the tests):"; cat bin/deploy-check.log; \
 	if [ "$$(cat bin/deploy-check.rc)" != 0 ]; then echo "make test: deploy-check failed (above)"; exit 1; fi; exit $$rc
