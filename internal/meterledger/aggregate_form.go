@@ -204,7 +204,12 @@ func uniqueKeys(keys []MeterKey) []MeterKey {
 // listed the same customer-meter) makes this one busy at once, not after
 // waiting for that one to commit: the slot's transaction-scoped advisory
 // lock, tried first, is held by it (a hash collision with another
-// customer-meter is a rare busy, tried again next round).
+// customer-meter is a rare busy, tried again next round). A slot held
+// and not expired, as this transaction sees it, is busy without touching
+// its row: ON CONFLICT DO UPDATE locks the row it finds even where its
+// WHERE refuses it, so the holder's finish (which deletes it) waited for
+// this whole transaction, and this one for the holder's finish (at
+// volume, 34 s of lock waits a minute between two consumers).
 func takeSlots(ctx context.Context, tx pgx.Tx, schema string, keys []MeterKey, identifier string, second time.Time, owner string,
 	exp, now time.Time) (map[MeterKey]int64, error) {
 	sc, names, toks := make([]string, len(keys)), make([]string, len(keys)), make([]int64, len(keys))
@@ -214,7 +219,9 @@ func takeSlots(ctx context.Context, tx pgx.Tx, schema string, keys []MeterKey, i
 	rows, err := tx.Query(ctx, `INSERT INTO {schema}.meter_inflight AS s (stripe_customer_id, event_name, identifier, event_ts, owner, expires_at, token)
 		SELECT k.sc, k.name, $4::text, $5::timestamptz, $6::text, $7::timestamptz, k.tok
 		FROM unnest($1::text[], $2::text[], $3::bigint[]) AS k(sc, name, tok)
-		WHERE pg_try_advisory_xact_lock(hashtextextended('pelguard.meter_slot.' || $9::text || '.' || k.sc || '.' || k.name, 0))
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.meter_inflight h WHERE h.stripe_customer_id = k.sc AND h.event_name = k.name
+				AND h.expires_at > $8)
+			AND pg_try_advisory_xact_lock(hashtextextended('pelguard.meter_slot.' || $9::text || '.' || k.sc || '.' || k.name, 0))
 		ON CONFLICT (stripe_customer_id, event_name) DO UPDATE SET identifier = EXCLUDED.identifier, event_ts = EXCLUDED.event_ts,
 			owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, token = EXCLUDED.token
 			WHERE s.expires_at <= $8
@@ -316,21 +323,31 @@ func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs [
 	return nil
 }
 
-// readyAgain sets More on each of out whose customer-meter has another
-// queued event of a ready bucket (its members are sending by now).
+// readyAgain sets More on each of out whose customer-meter has a queued
+// event of a ready bucket of a later second: a hint to send it again
+// first, not a promise (a later arrival bucket of the same second is left
+// to the next listing). Its search starts past the formed bucket: the
+// members just moved out of the queued index are still in it, invisible,
+// and a busy customer's second is thousands of them to step over.
 func (l *Ledger) readyAgain(ctx context.Context, tx pgx.Tx, stream string, out []Formed, ready int64, floor time.Time) error {
 	if len(out) == 0 {
 		return nil
 	}
 	sc, names := make([]string, len(out)), make([]string, len(out))
+	next := make([]time.Time, len(out))
 	for i, f := range out {
-		sc[i], names[i] = f.Aggregate.StripeCustomerID, f.Aggregate.EventName
+		a := f.Aggregate
+		sc[i], names[i], next[i] = a.StripeCustomerID, a.EventName, maxTime(a.Second.Add(a.Bucket), floor)
 	}
-	rows, err := tx.Query(ctx, `SELECT k.i FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS k(k_sc, k_name, i)
-		WHERE EXISTS (SELECT 1 FROM {schema}.meter_events m
+	// Ordered by the whole key, as readyBuckets: a semi-join planned on
+	// stale statistics read every queued row of the stream per round.
+	rows, err := tx.Query(ctx, `SELECT k.i FROM unnest($2::text[], $3::text[], $5::timestamptz[]) WITH ORDINALITY AS k(k_sc, k_name, k_next, i)
+		CROSS JOIN LATERAL (SELECT 1 FROM {schema}.meter_events m
 			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
-				AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= $5)`,
-		stream, sc, names, ready, floor)
+				AND m.event_ts < to_timestamp($4::bigint) AND `+bucketSQL("m")+` < $4::bigint AND m.event_ts >= k.k_next
+				AND m.event_ts >= $6
+			ORDER BY m.stripe_customer_id, m.event_name, m.event_ts LIMIT 1) q`,
+		stream, sc, names, ready, next, floor)
 	if err != nil {
 		return err
 	}
@@ -466,6 +483,7 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	var mvals []int64
 	var munk []bool
 	var mfirst []time.Time
+	lo, hi := out[0].Aggregate.Second, out[0].Aggregate.Second
 	for i, f := range out {
 		a := f.Aggregate
 		ids[i], names[i], sc[i], digests[i] = a.Identifier, a.EventName, a.StripeCustomerID, a.Digest
@@ -474,6 +492,7 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 		for _, m := range f.Members {
 			mts, mids, maggs, mvals = append(mts, m.EventTS), append(mids, m.Identifier), append(maggs, a.Identifier), append(mvals, m.Value)
 			munk, mfirst = append(munk, m.OutcomeUnknown), append(mfirst, m.FirstSentAt)
+			lo, hi = minTime(lo, m.EventTS), maxTime(hi, m.EventTS)
 		}
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
@@ -500,12 +519,15 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	}
 	// Members are sending with no lease of their own: the aggregate's
 	// lease and epoch fence them (FinishAggregate writes them with it).
+	// The bounds of their timestamps keep the plan on the primary key's
+	// range of the round's seconds: with only a busy second's thousands of
+	// keys to go by, the planner at volume scanned whole partitions.
 	tag, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
 			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $1 END
 		FROM unnest($2::timestamptz[], $3::text[], $4::text[], $5::bigint[], $6::bool[], $7::timestamptz[]) AS u(ts, id, agg, val, unk, first)
-		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts = ANY($2) AND m.status = 'queued' AND m.value = u.val
-			AND m.outcome_unknown = u.unk AND m.first_sent_at = u.first`,
-		now, mts, mids, maggs, mvals, munk, mfirst)
+		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts >= $8 AND m.event_ts <= $9 AND m.status = 'queued'
+			AND m.value = u.val AND m.outcome_unknown = u.unk AND m.first_sent_at = u.first`,
+		now, mts, mids, maggs, mvals, munk, mfirst, lo, hi)
 	if err != nil {
 		return fmt.Errorf("recording meter aggregate members: %w", err)
 	}

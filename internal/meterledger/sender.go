@@ -132,12 +132,16 @@ func (l *Ledger) Candidates(ctx context.Context, stream string, limit int, aggre
 
 // UnsentFloor is the timestamp of stream's oldest event not yet sent
 // (queued or sending), or now less an hour when it has none: a sender's
-// ListFrom.Floor.
+// ListFrom.Floor. An aggregate's members in flight count by its second
+// (no later than any member's timestamp), read from the aggregates: by
+// the events' own rows it walked the primary key past every delivered
+// row before them, at volume a third of a second each time.
 func (l *Ledger) UnsentFloor(ctx context.Context, stream string) (time.Time, error) {
 	var t *time.Time
 	if err := l.pool.QueryRow(ctx, `SELECT least(
 			(SELECT min(event_ts) FROM {schema}.meter_events WHERE status = 'queued' AND stream = $1),
-			(SELECT min(event_ts) FROM {schema}.meter_events WHERE status = 'sending' AND stream = $1))`, stream).Scan(&t); err != nil {
+			(SELECT min(event_ts) FROM {schema}.meter_events WHERE status = 'sending' AND aggregate IS NULL AND stream = $1),
+			(SELECT min(second) FROM {schema}.meter_aggregates WHERE status = 'sending' AND stream = $1))`, stream).Scan(&t); err != nil {
 		return time.Time{}, fmt.Errorf("finding the oldest unsent meter event: %w", err)
 	}
 	if t == nil {
