@@ -106,20 +106,34 @@ func aggregateWitness(a meterledger.Aggregate, members []meterledger.Record) met
 		StripeCustomerID: a.StripeCustomerID, Value: a.Value, FirstSentAt: a.FirstSentAt, Members: ids, Digest: a.Digest}
 }
 
+// hotMembers is how many events an aggregate carries for its
+// customer-meter to be hot: listed ahead of others' older work while it
+// keeps sending (meterledger.ListFrom.Hot).
+const hotMembers = 10
+
+// roundNext is what a round tells the sender of its customer-meters: the
+// candidates of those that delivered an aggregate and have another ready
+// (tried again first), and those whose delivered aggregate carried at
+// least hotMembers events (hot).
+type roundNext struct {
+	again []meterledger.Record
+	hot   []meterledger.MeterKey
+}
+
 // formAndSend forms the aggregate of each candidate's second (one per
 // customer-meter), witnesses it, and sends it. It returns the calls made
-// and the candidates whose customer-meter delivered one and has another
-// ready.
-func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, []meterledger.Record, error) {
+// and what the sender does next with the candidates' customer-meters.
+func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Record) (int, roundNext, error) {
+	var next roundNext
 	if c.paused() {
-		return 0, nil, nil
+		return 0, next, nil
 	}
 	// The group's ingest watermark, read once for the round: a bucket is
 	// formed only once it has passed the bucket's end, so its members are
 	// fixed by the stream (meterledger.FormAggregate).
 	mark, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
 	if err != nil {
-		return 0, nil, err
+		return 0, next, err
 	}
 	// The round's candidates are other customer-meters: formed in one
 	// transaction. The oldest candidate's day bounds the partitions read.
@@ -136,7 +150,7 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	formed, err := c.ledger.FormAggregates(ctx, meterledger.FormRequest{Namespace: c.cfg.Namespace, Stream: c.cfg.Stream, From: from,
 		Watermark: mark.Time(), Width: c.cfg.AggregateBucket, Owner: c.cfg.Name, Lease: c.cfg.Lease}, keys)
 	if err != nil {
-		return 0, nil, err
+		return 0, next, err
 	}
 	var work []*aggWork
 	var wit []meterwitness.Sent
@@ -158,7 +172,7 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		wit = append(wit, aggregateWitness(a, f.Members))
 	}
 	if len(work) == 0 {
-		return 0, nil, nil
+		return 0, next, nil
 	}
 	// The aggregate's identifier and members reach the witness before its
 	// first call: a rollback that loses them never has its members sent
@@ -166,16 +180,21 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 	dctx, cancel := detach(ctx)
 	defer cancel()
 	if err := c.recordSent(dctx, wit); err != nil {
-		return 0, nil, err
+		return 0, next, err
 	}
 	n, err := c.finishAggregates(ctx, work, nil, nil)
-	var again []meterledger.Record
 	for _, w := range work {
-		if w.out.Result == meterledger.Delivered && w.more {
-			again = append(again, w.cand)
+		if w.out.Result != meterledger.Delivered {
+			continue
+		}
+		if w.more {
+			next.again = append(next.again, w.cand)
+		}
+		if w.agg.Members >= hotMembers {
+			next.hot = append(next.hot, keyOf(w.cand))
 		}
 	}
-	return n, again, err
+	return n, next, err
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with

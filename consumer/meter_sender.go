@@ -27,6 +27,10 @@ import (
 // its slowest call holds only its own customer-meters: the slots others
 // free go to the next round at once. So a busy customer holds one slot
 // and never more, and a quiet customer's event waits only for a free one.
+// A customer-meter whose aggregates lately carried hotMembers events or
+// more (a busy customer) is listed ahead of older work while it keeps
+// sending: once caught up, it would otherwise wait behind every older
+// quiet event of a backlog for its next second.
 
 // keyOf is r's customer-meter: Stripe takes one of its events at a time.
 func keyOf(r meterledger.Record) meterledger.MeterKey {
@@ -99,6 +103,9 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		queue    []meterledger.Record // listed, not started yet
 		listedAt time.Time
 		ended    bool // a round ended since listedAt
+		// hot: customer-meters that delivered an aggregate of at least
+		// hotMembers events, and when they last did (meterledger.ListFrom.Hot).
+		hot = map[meterledger.MeterKey]time.Time{}
 	)
 	defer wg.Wait()
 	free := func(e roundEnd) {
@@ -108,7 +115,10 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 		// A customer-meter that just sent an aggregate and has another
 		// bucket ready is tried again first: one with a backlog (a busy
 		// customer) sends its buckets back to back, not one per listing.
-		queue = append(e.again, queue...)
+		queue = append(e.next.again, queue...)
+		for _, k := range e.next.hot {
+			hot[k] = time.Now()
+		}
 		ended = true
 	}
 	// wait blocks until a round ends, d passes or ctx ends.
@@ -148,6 +158,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			continue
 		}
 		if relist {
+			from.Hot = hotKeys(hot, time.Now())
 			if err := c.list(ctx, &from, &floor, &floorAt, &queue, 4*width); err != nil {
 				if ctx.Err() == nil {
 					c.cfg.Logger.Warn("listing meter events to send", "stream", c.cfg.Stream, "err", err)
@@ -171,7 +182,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n, again, err := c.sendRound(ctx, round)
+				n, next, err := c.sendRound(ctx, round)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					c.cfg.Logger.Warn("sending meter events from the ledger", "stream", c.cfg.Stream, "err", err)
@@ -181,7 +192,7 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 					// refusal before the call): not listed again at once.
 					sleep(ctx, ownRevisitIdle)
 				}
-				done <- roundEnd{keys: keys, again: again}
+				done <- roundEnd{keys: keys, next: next}
 			}()
 		}
 		// Until a round ends, or for a while: new events, or slots another
@@ -200,11 +211,34 @@ func (c *MeterConsumer) sendLoop(ctx context.Context) {
 	}
 }
 
-// roundEnd is a round's end: its customer-meters, and the candidates of
-// those that sent an aggregate and have another ready (to try first).
+// roundEnd is a round's end: its customer-meters, and what to do next
+// with them.
 type roundEnd struct {
-	keys  []meterledger.MeterKey
-	again []meterledger.Record
+	keys []meterledger.MeterKey
+	next roundNext
+}
+
+// hotFor is how long a customer-meter stays hot after its last aggregate
+// of at least hotMembers events; hotMax bounds how many are listed ahead of
+// older work (the most recent).
+const (
+	hotFor = 10 * time.Second
+	hotMax = 32
+)
+
+// hotKeys forgets the customer-meters of hot no longer hot at now and
+// returns up to hotMax of the others, the most recent first.
+func hotKeys(hot map[meterledger.MeterKey]time.Time, now time.Time) []meterledger.MeterKey {
+	keys := make([]meterledger.MeterKey, 0, len(hot))
+	for k, at := range hot {
+		if now.Sub(at) > hotFor {
+			delete(hot, k)
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b meterledger.MeterKey) int { return hot[b].Compare(hot[a]) })
+	return keys[:min(len(keys), hotMax)]
 }
 
 // minRound is the fewest customer-meters a round starts with while others
@@ -295,9 +329,9 @@ func (c *MeterConsumer) SendRound(ctx context.Context) (int, error) {
 
 // sendRound sends recs, one customer-meter each: a queued event of an
 // aggregated meter as its customer-meter's next ready aggregate, any other
-// as itself. It returns how many calls it made, and the candidates whose
-// customer-meter sent an aggregate and has another ready.
-func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record) (int, []meterledger.Record, error) {
+// as itself. It returns how many calls it made, and what the sender does
+// next with its customer-meters (formAndSend).
+func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record) (int, roundNext, error) {
 	var forms []meterledger.Record
 	var perEvent []meterledger.Record
 	for _, r := range recs {
@@ -314,16 +348,16 @@ func (c *MeterConsumer) sendRound(ctx context.Context, recs []meterledger.Record
 		}
 	}
 	var na int
-	var again []meterledger.Record
+	var next roundNext
 	if len(forms) > 0 {
-		n, more, err := c.formAndSend(ctx, forms)
-		na, again = na+n, more
+		n, nx, err := c.formAndSend(ctx, forms)
+		na, next = na+n, nx
 		if err != nil {
-			return na, nil, err
+			return na, next, err
 		}
 	}
 	n, err := c.sendEvents(ctx, perEvent)
-	return na + n, again, err
+	return na + n, next, err
 }
 
 // sendEvents sends recs one call each (Reserve: the same decisions and

@@ -3,6 +3,7 @@ package meterledger_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -57,4 +58,45 @@ func TestUnsentFloorCountsEveryUnsentEvent(t *testing.T) {
 		t.Fatalf("finishing the aggregate: %v %v", res, err)
 	}
 	floorIs("the aggregate delivered", sec.Add(10*time.Second))
+}
+
+// A hot customer-meter (ListFrom.Hot: one that lately sent aggregates of
+// many events) is listed ahead of older work whenever it has a ready
+// bucket, even where the limit would cut it; with nothing ready it is not
+// listed at all.
+func TestHotCustomerIsListedAheadOfOlderWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sec := t0.Add(-time.Hour).Truncate(time.Second)
+	var reqs []meterledger.IngestRequest
+	for i := range 5 {
+		reqs = append(reqs, eventsOfSecond(fmt.Sprintf("cus_quiet%d", i), sec.Add(time.Duration(i)*time.Second), i, 1)...)
+	}
+	busySec := sec.Add(30 * time.Second)
+	reqs = append(reqs, eventsOfSecond("cus_busy", busySec, 9, 1, 2, 3)...)
+	// Another hot customer whose only bucket is still open at the watermark.
+	reqs = append(reqs, eventsOfSecond("cus_open", sec.Add(2*time.Minute), 9, 1)...)
+	b.ingest(t, reqs...)
+	mark := sec.Add(time.Minute)
+	list := func(hot ...meterledger.MeterKey) []string {
+		t.Helper()
+		cands, err := b.l.Candidates(ctx, "usage", 3, []string{"tokens"}, mark, &meterledger.ListFrom{Hot: hot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range cands {
+			got = append(got, r.StripeCustomerID)
+		}
+		return got
+	}
+	if got := list(); slices.Contains(got, "cus_busy") || len(got) != 3 || got[0] != "cus_quiet0" {
+		t.Fatalf("listed %v with no hot customer, want the 3 oldest quiet customers", got)
+	}
+	busy := meterledger.MeterKey{EventName: "tokens", StripeCustomerID: "cus_busy"}
+	open := meterledger.MeterKey{EventName: "tokens", StripeCustomerID: "cus_open"}
+	if got := list(open, busy); len(got) != 3 || got[0] != "cus_busy" || got[1] != "cus_quiet0" || slices.Contains(got, "cus_open") {
+		t.Fatalf("listed %v with cus_busy and cus_open hot, want cus_busy first, then the oldest (cus_open has nothing ready)", got)
+	}
 }
