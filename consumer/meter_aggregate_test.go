@@ -321,3 +321,64 @@ func (b *bundle) deadLetters(t *testing.T) int64 {
 	}
 	return n
 }
+
+// A sender that recorded an aggregate delivered and stopped before settling
+// its members left them sending under it: the next sender settles them
+// (delivered, counted once in the ledger as at Stripe) without a call.
+func TestMembersAStoppedSenderLeftAreSettled(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	clk := clock.NewSim(now)
+	b := setup(t, opts{simNow: now, clk: clk})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	sec := now.Add(-time.Minute).Truncate(time.Second)
+	evs := []event.MeterEvent{meterEvent(4, 0, sec), meterEvent(4, 1, sec.Add(300*time.Millisecond))}
+	b.addMeter(t, evs...)
+	ctx := context.Background()
+	stopped := b.aggConsumer(t, "stopped", 3*time.Second)
+	if _, err := stopped.ProcessBatch(ctx, b.read(t, "stopped", 10)); err != nil {
+		t.Fatal(err)
+	}
+	l := b.meterLedger(t)
+	a, _ := b.formWhenReady(t, l, "cus_4", "stopped", 3*time.Second)
+	if _, err := b.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: meterName, StripeCustomerID: "cus_4", Value: a.Value,
+		Identifier: a.Identifier, Timestamp: a.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.RecordAggregates(ctx, []meterledger.AggregateOutcome{{Aggregate: a, Result: meterledger.Delivered}}); err != nil ||
+		res[0] != meterledger.Delivered {
+		t.Fatalf("recorded %v (%v), want delivered", res, err)
+	}
+	for _, m := range mustMembers(t, l, a.Identifier) {
+		if m.Status != meterledger.StatusSending {
+			t.Fatalf("member %s is %s before the next sender, want sending (not settled)", m.Identifier, m.Status)
+		}
+	}
+	clk.Advance(time.Minute) // the delivery is old: no live sender is settling it
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	next := b.aggConsumer(t, "next", 3*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- next.Run(runCtx) }()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, m := range mustMembers(t, l, a.Identifier) {
+			if m.Status != meterledger.StatusDelivered {
+				return false
+			}
+		}
+		return true
+	}, "the members a stopped sender left were never settled")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := b.sim.MeterEventCounts().Recorded, int64(1); got != want {
+		t.Fatalf("Stripe recorded %d meter events, want %d: settling makes no call", got, want)
+	}
+	got, err := l.DeliveredTotals(ctx, meterName, sec, sec.Add(time.Second))
+	if err != nil || len(got) != 1 || got[0].Value != sums(evs)["cus_4"] || got[0].Value != b.sim.MeterTotal(meterName, "cus_4") {
+		t.Fatalf("ledger delivered %+v (%v), Stripe %d, want %d", got, err, b.sim.MeterTotal(meterName, "cus_4"), sums(evs)["cus_4"])
+	}
+}

@@ -130,6 +130,100 @@ func memberIDs(ms []meterledger.Record) []string {
 	return ids
 }
 
+// RecordAggregates frees the slots with one row per aggregate: the members
+// of one delivered stay sending under it (of unknown outcome to the usage
+// reconciliation, never unsent) until SettleMembers moves them, or, left
+// by a sender that stopped, SettleLeftovers once the delivery is old
+// enough; a failed one's members are recorded at once. Settling twice
+// moves nothing more.
+func TestRecordedAggregatesSettleTheirMembersAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sec := t0.Add(-time.Minute)
+	s := sec.Unix()
+	var reqs []meterledger.IngestRequest
+	for i, cust := range []string{"cus_a", "cus_b", "cus_c"} {
+		for j := range 3 {
+			reqs = append(reqs, ingestReq(mev(cust, "tokens", 2, sec.Add(time.Duration(j)*100*time.Millisecond)),
+				fmt.Sprintf("%d-%d", s*1000+int64(j), i)))
+		}
+	}
+	b.ingest(t, reqs...)
+	keys := []meterledger.MeterKey{{EventName: "tokens", StripeCustomerID: "cus_a"}, {EventName: "tokens", StripeCustomerID: "cus_b"},
+		{EventName: "tokens", StripeCustomerID: "cus_c"}}
+	formed, err := b.l.FormAggregates(ctx, meterledger.FormRequest{Namespace: "test", Stream: "usage", From: sec,
+		Watermark: time.Unix(s+10, 0), Width: time.Second, Owner: "c", Lease: time.Minute}, keys)
+	if err != nil || len(formed) != 3 {
+		t.Fatalf("formed %d aggregates (%v), want 3", len(formed), err)
+	}
+	a, failed, left := formed[0].Aggregate, formed[1].Aggregate, formed[2].Aggregate
+	res, err := b.l.RecordAggregates(ctx, []meterledger.AggregateOutcome{{Aggregate: a, Result: meterledger.Delivered},
+		{Aggregate: failed, Result: meterledger.Failed, Reason: "refused"}, {Aggregate: left, Result: meterledger.Delivered}})
+	if err != nil || res[0] != meterledger.Delivered || res[1] != meterledger.Failed || res[2] != meterledger.Delivered {
+		t.Fatalf("recorded %v (%v), want delivered, failed, delivered", res, err)
+	}
+	statuses := func(agg meterledger.Aggregate) []meterledger.Status {
+		ms, err := b.l.MembersOf(ctx, agg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st []meterledger.Status
+		for _, m := range ms {
+			st = append(st, m.Status)
+		}
+		return st
+	}
+	wantAll := func(agg meterledger.Aggregate, want meterledger.Status) {
+		t.Helper()
+		got := statuses(agg)
+		if len(got) != 3 {
+			t.Fatalf("aggregate of %s: %d members, want 3", agg.StripeCustomerID, len(got))
+		}
+		for _, st := range got {
+			if st != want {
+				t.Fatalf("aggregate of %s: members %v, want all %s", agg.StripeCustomerID, got, want)
+			}
+		}
+	}
+	wantAll(a, meterledger.StatusSending)
+	wantAll(failed, meterledger.StatusFailed)
+	if _, n, err := b.l.UnknownInWindow(ctx, "tokens", "cus_a", sec, sec.Add(time.Second), 10); err != nil || n != 3 {
+		t.Fatalf("cus_a's unsettled members: %d of unknown outcome to the reconciliation (%v), want 3", n, err)
+	}
+	var slots int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM meter_inflight`).Scan(&slots); err != nil || slots != 0 {
+		t.Fatalf("%d slots held after the outcomes were recorded (%v), want none", slots, err)
+	}
+
+	if n, err := b.l.SettleMembers(ctx, []meterledger.Aggregate{a, failed}); err != nil || n != 3 {
+		t.Fatalf("settled %d members (%v), want cus_a's 3", n, err)
+	}
+	wantAll(a, meterledger.StatusDelivered)
+	wantAll(failed, meterledger.StatusFailed)
+	if n, err := b.l.SettleMembers(ctx, []meterledger.Aggregate{a}); err != nil || n != 0 {
+		t.Fatalf("settled %d members again (%v), want none", n, err)
+	}
+	// cus_c's were left by a sender that stopped: settled once the
+	// delivery is older than the age asked.
+	if n, err := b.l.SettleLeftovers(ctx, "usage", 10*time.Second); err != nil || n != 0 {
+		t.Fatalf("leftovers of a delivery just made: settled %d (%v), want none yet", n, err)
+	}
+	wantAll(left, meterledger.StatusSending)
+	b.clk.Advance(11 * time.Second)
+	if n, err := b.l.SettleLeftovers(ctx, "usage", 10*time.Second); err != nil || n != 3 {
+		t.Fatalf("leftovers: settled %d (%v), want cus_c's 3", n, err)
+	}
+	wantAll(left, meterledger.StatusDelivered)
+	got, err := b.l.DeliveredTotals(ctx, "tokens", sec, sec.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Value != 6 || got[1].Value != 6 {
+		t.Fatalf("delivered totals %+v, want cus_a and cus_c with 6 each", got)
+	}
+}
+
 // Members are read unlocked: one that another writer moves while the
 // aggregate is formed (parked here) makes the round form nothing (no
 // aggregate saved, its slot free, the others still queued), and the next
