@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,22 +178,8 @@ func TestAggregateOfADeadConsumerIsCountedOnce(t *testing.T) {
 // is parked with its members and never re-sent.
 func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 	t.Parallel()
-	now := time.Now().UTC()
-	clk := clock.NewSim(now)
-	b := setup(t, opts{simNow: now, clk: clk})
-	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
-		t.Fatal(err)
-	}
-	sec := now.Add(-time.Minute).Truncate(time.Second)
-	evs := []event.MeterEvent{meterEvent(2, 0, sec), meterEvent(2, 1, sec.Add(100*time.Millisecond))}
-	b.addMeter(t, evs...)
-	ctx := context.Background()
-	c := b.aggConsumer(t, "c", 3*time.Second)
-	if _, err := c.ProcessBatch(ctx, b.read(t, "c", 10)); err != nil {
-		t.Fatal(err)
-	}
-	l := b.meterLedger(t)
-	a, _ := b.formWhenReady(t, l, "cus_2", "dead", 3*time.Second)
+	f := formedPair(t, 2, 100*time.Millisecond, "c", "dead")
+	b, clk, c, l, a, ctx := f.b, f.clk, f.c, f.l, f.a, context.Background()
 	clk.Advance(meterledger.DefaultSafeWindow + time.Minute)
 	if n, err := c.SendRound(ctx); err != nil || n != 0 {
 		t.Fatalf("round past the window: %d calls (%v), want none", n, err)
@@ -208,6 +195,40 @@ func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 	if n := b.deadLetters(t); n != 2 {
 		t.Fatalf("%d dead letters, want the 2 members (parked)", n)
 	}
+}
+
+// pairFormed is an aggregate of two events of one customer, formed by a
+// sender named owner after consumer c ingested them.
+type pairFormed struct {
+	b   *bundle
+	clk *clock.Sim
+	c   *consumer.MeterConsumer
+	l   *meterledger.Ledger
+	a   meterledger.Aggregate
+	sec time.Time // the events' second
+	evs []event.MeterEvent
+}
+
+// formedPair ingests, through a consumer named name, customer cus's two
+// events gap apart in the second a minute ago, and forms their aggregate
+// as the sender owner would (no call made).
+func formedPair(t *testing.T, cus int, gap time.Duration, name, owner string) pairFormed {
+	t.Helper()
+	now := time.Now().UTC()
+	f := pairFormed{clk: clock.NewSim(now), sec: now.Add(-time.Minute).Truncate(time.Second)}
+	f.b = setup(t, opts{simNow: now, clk: f.clk})
+	if _, err := f.b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	f.evs = []event.MeterEvent{meterEvent(cus, 0, f.sec), meterEvent(cus, 1, f.sec.Add(gap))}
+	f.b.addMeter(t, f.evs...)
+	f.c = f.b.aggConsumer(t, name, 3*time.Second)
+	if _, err := f.c.ProcessBatch(context.Background(), f.b.read(t, name, 10)); err != nil {
+		t.Fatal(err)
+	}
+	f.l = f.b.meterLedger(t)
+	f.a, _ = f.b.formWhenReady(t, f.l, fmt.Sprintf("cus_%d", cus), owner, 3*time.Second)
+	return f
 }
 
 // formWhenReady forms customer's aggregate as the consumer named owner
@@ -327,22 +348,8 @@ func (b *bundle) deadLetters(t *testing.T) int64 {
 // (delivered, counted once in the ledger as at Stripe) without a call.
 func TestMembersAStoppedSenderLeftAreSettled(t *testing.T) {
 	t.Parallel()
-	now := time.Now().UTC()
-	clk := clock.NewSim(now)
-	b := setup(t, opts{simNow: now, clk: clk})
-	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
-		t.Fatal(err)
-	}
-	sec := now.Add(-time.Minute).Truncate(time.Second)
-	evs := []event.MeterEvent{meterEvent(4, 0, sec), meterEvent(4, 1, sec.Add(300*time.Millisecond))}
-	b.addMeter(t, evs...)
-	ctx := context.Background()
-	stopped := b.aggConsumer(t, "stopped", 3*time.Second)
-	if _, err := stopped.ProcessBatch(ctx, b.read(t, "stopped", 10)); err != nil {
-		t.Fatal(err)
-	}
-	l := b.meterLedger(t)
-	a, _ := b.formWhenReady(t, l, "cus_4", "stopped", 3*time.Second)
+	f := formedPair(t, 4, 300*time.Millisecond, "stopped", "stopped")
+	b, clk, l, a, sec, evs, ctx := f.b, f.clk, f.l, f.a, f.sec, f.evs, context.Background()
 	if _, err := b.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: meterName, StripeCustomerID: "cus_4", Value: a.Value,
 		Identifier: a.Identifier, Timestamp: a.Second}); err != nil {
 		t.Fatal(err)

@@ -333,13 +333,13 @@ func (r *scaleRun) sample(ctx context.Context, sim *stripesim.Server, pools []*p
 		m, err := mark()
 		now := time.Now()
 		r.mu.Lock()
-		if err == nil && r.producing {
-			r.markLags = append(r.markLags, now.Sub(m))
-		}
 		r.conns = max(r.conns, conns)
 		if len(r.busy.at) == 0 {
 			r.mu.Unlock()
 			continue
+		}
+		if err == nil && r.producing && !m.Before(r.busy.at[0]) {
+			r.markLags = append(r.markLags, now.Sub(m))
 		}
 		bl, ql := r.busy.lag(bu, now), r.quiet.lag(qu, now)
 		r.busyLags = append(r.busyLags, bl)
