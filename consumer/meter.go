@@ -145,10 +145,6 @@ type MeterConsumer struct {
 	// listFloor is the floor (unix ns) the sender last read: the
 	// partitions from its day on are kept analyzed (freshenStats).
 	listFloor atomic.Int64
-	// settler, while the sender runs, settles the members of the
-	// aggregates it records delivered (meter_settle.go); nil: recorded
-	// with their members.
-	settler atomic.Pointer[memberSettler]
 	// missingMeters are the event names sayMeterMissing has told of.
 	missingMeters sync.Map
 	// live counts the entries handled, published with each liveness beat.

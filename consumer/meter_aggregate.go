@@ -315,24 +315,9 @@ func (c *MeterConsumer) recordAggregates(ctx context.Context, work []*aggWork) (
 		firstErr = cmp.Or(firstErr, err)
 		results[i] = meterledger.Release
 	}
-	// While the sender runs, the members of those delivered are settled
-	// after their slots are free (memberSettler).
-	record, settler := c.ledger.FinishAggregates, c.settler.Load()
-	if settler != nil {
-		record = c.ledger.RecordAggregates
-	}
-	got, err := record(ctx, outs)
+	got, err := c.ledger.FinishAggregates(ctx, outs)
 	if err != nil {
 		return results, nil, cmp.Or(firstErr, err)
-	}
-	if settler != nil {
-		var delivered []meterledger.Aggregate
-		for j, i := range sent {
-			if got[j] == meterledger.Delivered {
-				delivered = append(delivered, work[i].agg)
-			}
-		}
-		settler.add(delivered)
 	}
 	// The members of those finished are read for the witness and the
 	// dead letters: not those delivered where no witness is kept (a busy

@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -178,8 +177,22 @@ func TestAggregateOfADeadConsumerIsCountedOnce(t *testing.T) {
 // is parked with its members and never re-sent.
 func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 	t.Parallel()
-	f := formedPair(t, 2, 100*time.Millisecond, "c", "dead")
-	b, clk, c, l, a, ctx := f.b, f.clk, f.c, f.l, f.a, context.Background()
+	now := time.Now().UTC()
+	clk := clock.NewSim(now)
+	b := setup(t, opts{simNow: now, clk: clk})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	sec := now.Add(-time.Minute).Truncate(time.Second)
+	evs := []event.MeterEvent{meterEvent(2, 0, sec), meterEvent(2, 1, sec.Add(100*time.Millisecond))}
+	b.addMeter(t, evs...)
+	ctx := context.Background()
+	c := b.aggConsumer(t, "c", 3*time.Second)
+	if _, err := c.ProcessBatch(ctx, b.read(t, "c", 10)); err != nil {
+		t.Fatal(err)
+	}
+	l := b.meterLedger(t)
+	a, _ := b.formWhenReady(t, l, "cus_2", "dead", 3*time.Second)
 	clk.Advance(meterledger.DefaultSafeWindow + time.Minute)
 	if n, err := c.SendRound(ctx); err != nil || n != 0 {
 		t.Fatalf("round past the window: %d calls (%v), want none", n, err)
@@ -195,40 +208,6 @@ func TestAggregatePastTheSafeWindowIsParkedWithItsMembers(t *testing.T) {
 	if n := b.deadLetters(t); n != 2 {
 		t.Fatalf("%d dead letters, want the 2 members (parked)", n)
 	}
-}
-
-// pairFormed is an aggregate of two events of one customer, formed by a
-// sender named owner after consumer c ingested them.
-type pairFormed struct {
-	b   *bundle
-	clk *clock.Sim
-	c   *consumer.MeterConsumer
-	l   *meterledger.Ledger
-	a   meterledger.Aggregate
-	sec time.Time // the events' second
-	evs []event.MeterEvent
-}
-
-// formedPair ingests, through a consumer named name, customer cus's two
-// events gap apart in the second a minute ago, and forms their aggregate
-// as the sender owner would (no call made).
-func formedPair(t *testing.T, cus int, gap time.Duration, name, owner string) pairFormed {
-	t.Helper()
-	now := time.Now().UTC()
-	f := pairFormed{clk: clock.NewSim(now), sec: now.Add(-time.Minute).Truncate(time.Second)}
-	f.b = setup(t, opts{simNow: now, clk: f.clk})
-	if _, err := f.b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
-		t.Fatal(err)
-	}
-	f.evs = []event.MeterEvent{meterEvent(cus, 0, f.sec), meterEvent(cus, 1, f.sec.Add(gap))}
-	f.b.addMeter(t, f.evs...)
-	f.c = f.b.aggConsumer(t, name, 3*time.Second)
-	if _, err := f.c.ProcessBatch(context.Background(), f.b.read(t, name, 10)); err != nil {
-		t.Fatal(err)
-	}
-	f.l = f.b.meterLedger(t)
-	f.a, _ = f.b.formWhenReady(t, f.l, fmt.Sprintf("cus_%d", cus), owner, 3*time.Second)
-	return f
 }
 
 // formWhenReady forms customer's aggregate as the consumer named owner
@@ -341,51 +320,4 @@ func (b *bundle) deadLetters(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// A sender that recorded an aggregate delivered and stopped before settling
-// its members left them sending under it: the next sender settles them
-// (delivered, counted once in the ledger as at Stripe) without a call.
-func TestMembersAStoppedSenderLeftAreSettled(t *testing.T) {
-	t.Parallel()
-	f := formedPair(t, 4, 300*time.Millisecond, "stopped", "stopped")
-	b, clk, l, a, sec, evs, ctx := f.b, f.clk, f.l, f.a, f.sec, f.evs, context.Background()
-	if _, err := b.stripe.SendMeterEvent(ctx, stripeapi.MeterEvent{EventName: meterName, StripeCustomerID: "cus_4", Value: a.Value,
-		Identifier: a.Identifier, Timestamp: a.Second}); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := l.RecordAggregates(ctx, []meterledger.AggregateOutcome{{Aggregate: a, Result: meterledger.Delivered}}); err != nil ||
-		res[0] != meterledger.Delivered {
-		t.Fatalf("recorded %v (%v), want delivered", res, err)
-	}
-	for _, m := range mustMembers(t, l, a.Identifier) {
-		if m.Status != meterledger.StatusSending {
-			t.Fatalf("member %s is %s before the next sender, want sending (not settled)", m.Identifier, m.Status)
-		}
-	}
-	clk.Advance(time.Minute) // the delivery is old: no live sender is settling it
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	next := b.aggConsumer(t, "next", 3*time.Second)
-	done := make(chan error, 1)
-	go func() { done <- next.Run(runCtx) }()
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		for _, m := range mustMembers(t, l, a.Identifier) {
-			if m.Status != meterledger.StatusDelivered {
-				return false
-			}
-		}
-		return true
-	}, "the members a stopped sender left were never settled")
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if got, want := b.sim.MeterEventCounts().Recorded, int64(1); got != want {
-		t.Fatalf("Stripe recorded %d meter events, want %d: settling makes no call", got, want)
-	}
-	got, err := l.DeliveredTotals(ctx, meterName, sec, sec.Add(time.Second))
-	if err != nil || len(got) != 1 || got[0].Value != sums(evs)["cus_4"] || got[0].Value != b.sim.MeterTotal(meterName, "cus_4") {
-		t.Fatalf("ledger delivered %+v (%v), Stripe %d, want %d", got, err, b.sim.MeterTotal(meterName, "cus_4"), sums(evs)["cus_4"])
-	}
 }

@@ -71,19 +71,12 @@ func (c *MeterConsumer) startSenders(ctx context.Context) (func(), error) {
 	if err := c.ledger.FenceSends(ctx, c.cfg.Name); err != nil {
 		return nil, err
 	}
-	var wg, senders sync.WaitGroup
-	s := newMemberSettler()
-	c.settler.Store(s)
-	sendersDone := make(chan struct{})
-	wg.Add(4)
-	senders.Add(2)
-	go func() { senders.Wait(); close(sendersDone) }()
-	go func() { defer wg.Done(); c.settleLoop(ctx, s, sendersDone) }()
-	go func() { defer wg.Done(); defer senders.Done(); c.sendLoop(ctx) }()
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); c.sendLoop(ctx) }()
 	go func() { defer wg.Done(); c.freshenStats(ctx) }()
 	go func() {
 		defer wg.Done()
-		defer senders.Done()
 		for ctx.Err() == nil {
 			if !c.paused() {
 				if _, err := c.sendAggregates(ctx); err != nil && ctx.Err() == nil {

@@ -33,21 +33,6 @@ type AggregateOutcome struct {
 // round) in one transaction of a few statements; results are in outs'
 // order.
 func (l *Ledger) FinishAggregates(ctx context.Context, outs []AggregateOutcome) ([]Result, error) {
-	return l.finishAggregates(ctx, outs, true)
-}
-
-// RecordAggregates is FinishAggregates that leaves the members of the
-// aggregates it records delivered sending under them, for SettleMembers:
-// the slots are free once one row per aggregate is written, not after a
-// busy customer's thousands of member rows. A member sending under a
-// delivered aggregate is an event of unknown outcome to every reader
-// (UnknownSQL, UnsentFloor, Stuck) until it is settled: never re-sent (an
-// aggregate's members are sent only through it), never taken back.
-func (l *Ledger) RecordAggregates(ctx context.Context, outs []AggregateOutcome) ([]Result, error) {
-	return l.finishAggregates(ctx, outs, false)
-}
-
-func (l *Ledger) finishAggregates(ctx context.Context, outs []AggregateOutcome, settle bool) ([]Result, error) {
 	if len(outs) == 0 {
 		return nil, nil
 	}
@@ -88,7 +73,6 @@ func (l *Ledger) finishAggregates(ctx context.Context, outs []AggregateOutcome, 
 	var memIDs, memSt, memReason []string
 	var memUnknown []bool
 	var failed []string
-	witnessed := false // an outcome other than Release was recorded
 	lo, hi := spanOf(aggs)
 	for i, o := range outs {
 		unk, held := unknown[ids[i]]
@@ -104,10 +88,6 @@ func (l *Ledger) finishAggregates(ctx context.Context, outs []AggregateOutcome, 
 		aggIDs, aggEpoch, aggSt, aggReason = append(aggIDs, ids[i]), append(aggEpoch, epochs[i]), append(aggSt, st), append(aggReason, reason)
 		if res == Release {
 			continue
-		}
-		witnessed = true
-		if res == Delivered && !settle {
-			continue // SettleMembers
 		}
 		memIDs, memSt, memReason, memUnknown = append(memIDs, ids[i]), append(memSt, st), append(memReason, reason), append(memUnknown, unk)
 		if res == Failed {
@@ -139,7 +119,7 @@ func (l *Ledger) finishAggregates(ctx context.Context, outs []AggregateOutcome, 
 			return nil, err
 		}
 	}
-	if witnessed && l.witness != nil {
+	if len(memIDs) > 0 && l.witness != nil {
 		var seq int64
 		if err := tx.QueryRow(ctx, `INSERT INTO {schema}.ledger_witness AS w (writer, seq, updated_at) VALUES ($1, 1, $2)
 			ON CONFLICT (writer) DO UPDATE SET seq = w.seq + 1, updated_at = $2 RETURNING seq`, l.writer(), now).Scan(&seq); err != nil {
@@ -152,48 +132,6 @@ func (l *Ledger) finishAggregates(ctx context.Context, outs []AggregateOutcome, 
 		return results, nil
 	}
 	return results, tx.Commit(ctx)
-}
-
-// SettleMembers moves the members of those of aggs that are delivered
-// (RecordAggregates) from sending to delivered, in one statement. It
-// returns the members moved; one already settled, or of an aggregate not
-// delivered (a rollback took its delivery back: its takeover decides it),
-// is left as it is.
-func (l *Ledger) SettleMembers(ctx context.Context, aggs []Aggregate) (int64, error) {
-	if len(aggs) == 0 {
-		return 0, nil
-	}
-	ids := make([]string, len(aggs))
-	for i, a := range aggs {
-		ids[i] = a.Identifier
-	}
-	lo, hi := spanOf(aggs)
-	tag, err := l.pool.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'delivered', delivered_at = a.delivered_at, last_error = NULL,
-			outcome_unknown = m.outcome_unknown OR a.outcome_unknown
-		FROM {schema}.meter_aggregates a
-		WHERE a.identifier = ANY($1) AND a.status = 'delivered' AND m.aggregate = a.identifier AND m.aggregate = ANY($1)
-			AND m.status = 'sending' AND m.event_ts >= $2 AND m.event_ts < $3`, ids, lo, hi)
-	if err != nil {
-		return 0, fmt.Errorf("settling the members of %d delivered meter aggregates: %w", len(aggs), err)
-	}
-	return tag.RowsAffected(), nil
-}
-
-// SettleLeftovers is SettleMembers for the aggregates of stream delivered
-// more than age ago whose members are still sending: a sender that stopped
-// between recording an aggregate and settling its members left them. It
-// reads the sending rows only (meter_events_sending_idx).
-func (l *Ledger) SettleLeftovers(ctx context.Context, stream string, age time.Duration) (int64, error) {
-	before := l.clock.Now().Add(-age)
-	tag, err := l.pool.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'delivered', delivered_at = a.delivered_at, last_error = NULL,
-			outcome_unknown = m.outcome_unknown OR a.outcome_unknown
-		FROM {schema}.meter_aggregates a
-		WHERE m.status = 'sending' AND m.aggregate IS NOT NULL AND m.stream = $1 AND a.identifier = m.aggregate
-			AND a.status = 'delivered' AND a.delivered_at < $2`, stream, before)
-	if err != nil {
-		return 0, fmt.Errorf("settling the members of delivered meter aggregates of %s: %w", stream, err)
-	}
-	return tag.RowsAffected(), nil
 }
 
 // Members reads an aggregate's member rows.

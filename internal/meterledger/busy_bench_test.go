@@ -16,24 +16,15 @@ import (
 // ledger's part of the busy customer's cycle, which decides how far its
 // counted usage trails its production. Reports the milliseconds of each
 // step per second of events: form (the aggregate saved, its members moved
-// to sending under it), record (its outcome recorded: its slot free, the
-// next second can be formed) and settle (its members delivered).
-// finish_together records and settles in one transaction (FinishAggregates);
-// settle_after settles after the slot is free (RecordAggregates, then
-// SettleMembers), as the sender does.
+// to sending under it) and record (its outcome recorded with its members:
+// its slot free, the next second can be formed).
 func BenchmarkBusySecond(b *testing.B) {
-	b.Run("finish_together", func(b *testing.B) { benchBusySecond(b, false) })
-	b.Run("settle_after", func(b *testing.B) { benchBusySecond(b, true) })
-}
-
-func benchBusySecond(b *testing.B, after bool) {
 	bn := setup(b)
 	ctx := context.Background()
 	n := busyEvents()
-	n0 := n
 
 	key := []meterledger.MeterKey{{EventName: "tokens", StripeCustomerID: "cus_busy"}}
-	var form, record, settle time.Duration
+	var form, record time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		sec := t0.Add(-50 * time.Minute).Add(time.Duration(i) * time.Second)
@@ -61,21 +52,11 @@ func benchBusySecond(b *testing.B, after bool) {
 		}
 		formedAt := time.Now()
 		outs := []meterledger.AggregateOutcome{{Aggregate: formed[0].Aggregate, Result: meterledger.Delivered}}
-		finish := bn.l.FinishAggregates
-		if after {
-			finish = bn.l.RecordAggregates
-		}
-		res, err := finish(ctx, outs)
+		res, err := bn.l.FinishAggregates(ctx, outs)
 		if err != nil || res[0] != meterledger.Delivered {
 			b.Fatalf("second %d: recorded %v, %v; want delivered", i, res, err)
 		}
-		recordedAt := time.Now()
-		if after {
-			if n, err := bn.l.SettleMembers(ctx, []meterledger.Aggregate{formed[0].Aggregate}); err != nil || n != int64(n0) {
-				b.Fatalf("second %d: settled %d members, %v; want %d", i, n, err, n0)
-			}
-		}
-		form, record, settle = form+formedAt.Sub(start), record+recordedAt.Sub(formedAt), settle+time.Since(recordedAt)
+		form, record = form+formedAt.Sub(start), record+time.Since(formedAt)
 	}
 	b.StopTimer()
 	var sending, delivered int
@@ -88,7 +69,6 @@ func benchBusySecond(b *testing.B, after bool) {
 	}
 	b.ReportMetric(float64(form.Milliseconds())/float64(b.N), "form-ms/second")
 	b.ReportMetric(float64(record.Milliseconds())/float64(b.N), "record-ms/second")
-	b.ReportMetric(float64(settle.Milliseconds())/float64(b.N), "settle-ms/second")
 	b.ReportMetric(0, "ns/op")
 }
 
