@@ -337,10 +337,11 @@ func (l *Ledger) readyAgain(ctx context.Context, tx pgx.Tx, stream string, out [
 	next := make([]time.Time, len(out))
 	for i, f := range out {
 		a := f.Aggregate
-		sc[i], names[i], next[i] = a.StripeCustomerID, a.EventName, maxTime(a.Second.Add(a.Bucket), floor)
+		sc[i], names[i], next[i] = a.StripeCustomerID, a.EventName, a.Second.Add(a.Bucket)
 	}
 	// Ordered by the whole key, as readyBuckets: a semi-join planned on
-	// stale statistics read every queued row of the stream per round.
+	// stale statistics read every queued row of the stream per round. The
+	// floor ($6) is a constant bound for the plan's partitions.
 	rows, err := tx.Query(ctx, `SELECT k.i FROM unnest($2::text[], $3::text[], $5::timestamptz[]) WITH ORDINALITY AS k(k_sc, k_name, k_next, i)
 		CROSS JOIN LATERAL (SELECT 1 FROM {schema}.meter_events m
 			WHERE m.stream = $1 AND m.stripe_customer_id = k.k_sc AND m.event_name = k.k_name AND m.status = 'queued'
