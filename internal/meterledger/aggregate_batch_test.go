@@ -130,48 +130,68 @@ func memberIDs(ms []meterledger.Record) []string {
 	return ids
 }
 
-// Members are read unlocked: one that another writer moves while the
-// aggregate is formed (parked here) makes the round form nothing (no
-// aggregate saved, its slot free, the others still queued), and the next
-// round forms the aggregate of what is queued then.
+// Members are read unlocked and moved by the predicate they were read by:
+// one that another writer moves while the aggregate is formed (parked
+// here), or a late event queued into the bucket meanwhile, makes the round
+// form nothing (no aggregate saved, its slot free, the others still
+// queued), and the next round forms the aggregate of what is queued then.
 func TestAMemberMovedWhileFormingFormsNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	sec := t0.Add(-time.Minute)
-	s := sec.Unix()
-	got := b.ingest(t, eventsOfSecond("cus_a", sec, 0, 1, 2, 3)...)
-	moved := got[1].Record.Identifier
-	once := false
-	meterledger.SetMembersRead(b.l, func() {
-		if once {
-			return
-		}
-		once = true
-		if _, err := b.pool.Exec(ctx, `UPDATE meter_events SET status = 'parked', last_error = 'parked by hand' WHERE identifier = $1`, moved); err != nil {
-			t.Error(err)
-		}
-	})
-	fr := meterledger.FormRequest{Namespace: "test", Stream: "usage", From: sec, Watermark: time.Unix(s+10, 0), Width: time.Second,
-		Owner: "c", Lease: time.Minute}
-	keys := []meterledger.MeterKey{{EventName: "tokens", StripeCustomerID: "cus_a"}}
-	formed, err := b.l.FormAggregates(ctx, fr, keys)
-	if err != nil || len(formed) != 0 {
-		t.Fatalf("formed %d aggregates (%v) while a member moved, want none", len(formed), err)
-	}
-	var aggs, slots, queued int
-	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM meter_aggregates), (SELECT count(*) FROM meter_inflight),
-		(SELECT count(*) FROM meter_events WHERE status = 'queued')`).Scan(&aggs, &slots, &queued); err != nil {
-		t.Fatal(err)
-	}
-	if aggs != 0 || slots != 0 || queued != 2 {
-		t.Fatalf("after the round: %d aggregates, %d slots held, %d queued; want 0, 0 and the 2 not moved", aggs, slots, queued)
-	}
-	formed, err = b.l.FormAggregates(ctx, fr, keys)
-	if err != nil || len(formed) != 1 {
-		t.Fatalf("next round: formed %d aggregates (%v), want 1", len(formed), err)
-	}
-	if a := formed[0].Aggregate; a.Members != 2 || a.Value != 1+3 {
-		t.Fatalf("next round's aggregate: %d members, value %d; want the 2 still queued, value 4", a.Members, a.Value)
+	for _, tc := range []struct {
+		name      string
+		meanwhile func(t *testing.T, b bundle, sec time.Time, moved string)
+		queued    int
+		members   int
+		value     int64
+	}{
+		{name: "a member parked", queued: 2, members: 2, value: 1 + 3,
+			meanwhile: func(t *testing.T, b bundle, _ time.Time, moved string) {
+				if _, err := b.pool.Exec(context.Background(), `UPDATE meter_events SET status = 'parked', last_error = 'parked by hand'
+					WHERE identifier = $1`, moved); err != nil {
+					t.Error(err)
+				}
+			}},
+		{name: "a late event queued", queued: 4, members: 4, value: 1 + 2 + 3 + 5,
+			meanwhile: func(t *testing.T, b bundle, sec time.Time, _ string) {
+				b.ingest(t, eventsOfSecond("cus_a", sec, 1, 5)...)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			sec := t0.Add(-time.Minute)
+			s := sec.Unix()
+			got := b.ingest(t, eventsOfSecond("cus_a", sec, 0, 1, 2, 3)...)
+			once := false
+			meterledger.SetMembersRead(b.l, func() {
+				if !once {
+					once = true
+					tc.meanwhile(t, b, sec, got[1].Record.Identifier)
+				}
+			})
+			fr := meterledger.FormRequest{Namespace: "test", Stream: "usage", From: sec, Watermark: time.Unix(s+10, 0), Width: time.Second,
+				Owner: "c", Lease: time.Minute}
+			keys := []meterledger.MeterKey{{EventName: "tokens", StripeCustomerID: "cus_a"}}
+			formed, err := b.l.FormAggregates(ctx, fr, keys)
+			if err != nil || len(formed) != 0 {
+				t.Fatalf("formed %d aggregates (%v) while its members changed, want none", len(formed), err)
+			}
+			var aggs, slots, queued int
+			if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM meter_aggregates), (SELECT count(*) FROM meter_inflight),
+				(SELECT count(*) FROM meter_events WHERE status = 'queued')`).Scan(&aggs, &slots, &queued); err != nil {
+				t.Fatal(err)
+			}
+			if aggs != 0 || slots != 0 || queued != tc.queued {
+				t.Fatalf("after the round: %d aggregates, %d slots held, %d queued; want 0, 0 and %d", aggs, slots, queued, tc.queued)
+			}
+			formed, err = b.l.FormAggregates(ctx, fr, keys)
+			if err != nil || len(formed) != 1 {
+				t.Fatalf("next round: formed %d aggregates (%v), want 1", len(formed), err)
+			}
+			if a := formed[0].Aggregate; a.Members != tc.members || a.Value != tc.value {
+				t.Fatalf("next round's aggregate: %d members, value %d; want %d, value %d", a.Members, a.Value, tc.members, tc.value)
+			}
+		})
 	}
 }

@@ -142,7 +142,7 @@ func (l *Ledger) FormAggregates(ctx context.Context, fr FormRequest, keys []Mete
 		f.Aggregate.slotToken = toks[MeterKey{f.Aggregate.EventName, f.Aggregate.StripeCustomerID}]
 		out = append(out, *f)
 	}
-	if err := l.saveAggregates(ctx, tx, fr, out, now); errors.Is(err, errMembersMoved) {
+	if err := l.saveAggregates(ctx, tx, fr, out, w, now); errors.Is(err, errMembersMoved) {
 		return nil, nil // formed again from their rows as they are now, next round
 	} else if err != nil {
 		return nil, err
@@ -275,9 +275,10 @@ func (l *Ledger) readyBuckets(ctx context.Context, tx pgx.Tx, stream string, key
 
 // readMembers reads the queued members of each of fs's buckets: what an
 // aggregate is made of (key, value, entry, outcome), not their fields (a
-// busy customer's second is thousands of rows). They are not locked here:
-// the slot keeps other senders off them, and saveAggregates moves them
-// only if each is still queued as it was read (errMembersMoved otherwise). Locking them would write each row once more.
+// busy customer's second is thousands of rows). They are not locked here
+// (that would write each row once more): the slot keeps other senders off
+// them, and saveAggregates moves them by the same predicate only if what
+// it moves is what was read (errMembersMoved otherwise).
 func (l *Ledger) readMembers(ctx context.Context, tx pgx.Tx, stream string, fs []*Formed, w int64) error {
 	sc, names, secs, buckets := bucketColumns(fs)
 	lo, hi := secs[0], secs[0]
@@ -463,14 +464,23 @@ func (l *Ledger) nameAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	return nil
 }
 
-// errMembersMoved: a member read by readMembers was no longer queued with
-// the value and outcome flags read when saveAggregates moved it (a repair or a replay wrote
-// it meanwhile); the round's transaction is rolled back and nothing formed.
+// memberKey is a member's row under the aggregate it was read for.
+type memberKey struct {
+	agg string
+	ts  int64
+	id  string
+}
+
+// errMembersMoved: what saveAggregates moved is not what readMembers read
+// (a repair or a replay wrote a member meanwhile, or a late event was
+// queued into the bucket); the round's transaction is rolled back and
+// nothing formed.
 var errMembersMoved = errors.New("meter aggregate members changed while it was formed")
 
 // saveAggregates records out's aggregates and moves their members to
-// sending under them, each only if still queued as it was read.
-func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, out []Formed, now time.Time) error {
+// sending under them, only if what is queued in their buckets is what was
+// read.
+func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, out []Formed, w int64, now time.Time) error {
 	if len(out) == 0 {
 		return nil
 	}
@@ -479,22 +489,15 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	secs, firsts := make([]time.Time, n), make([]time.Time, n)
 	values, counts, buckets, widths := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	unknown := make([]bool, n)
-	var mts []time.Time
-	var mids, maggs []string
-	var mvals []int64
-	var munk []bool
-	var mfirst []time.Time
+	members := 0
 	lo, hi := out[0].Aggregate.Second, out[0].Aggregate.Second
 	for i, f := range out {
 		a := f.Aggregate
 		ids[i], names[i], sc[i], digests[i] = a.Identifier, a.EventName, a.StripeCustomerID, a.Digest
 		secs[i], firsts[i], values[i], counts[i] = a.Second, a.FirstSentAt, a.Value, int64(a.Members)
 		buckets[i], widths[i], unknown[i] = a.ArrivalSecond, int64(a.Bucket/time.Second), a.OutcomeUnknown
-		for _, m := range f.Members {
-			mts, mids, maggs, mvals = append(mts, m.EventTS), append(mids, m.Identifier), append(maggs, a.Identifier), append(mvals, m.Value)
-			munk, mfirst = append(munk, m.OutcomeUnknown), append(mfirst, m.FirstSentAt)
-			lo, hi = minTime(lo, m.EventTS), maxTime(hi, m.EventTS)
-		}
+		members += len(f.Members)
+		lo, hi = minTime(lo, a.Second), maxTime(hi, a.Second)
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO {schema}.meter_aggregates (identifier, stream, event_name, stripe_customer_id, second, value,
 			members, digest, status, first_sent_at, epoch, lease_owner, lease_expires_at, created_at, arrival_second, outcome_unknown,
@@ -520,19 +523,46 @@ func (l *Ledger) saveAggregates(ctx context.Context, tx pgx.Tx, fr FormRequest, 
 	}
 	// Members are sending with no lease of their own: the aggregate's
 	// lease and epoch fence them (FinishAggregate writes them with it).
-	// The bounds of their timestamps keep the plan on the primary key's
-	// range of the round's seconds: with only a busy second's thousands of
-	// keys to go by, the planner at volume scanned whole partitions.
-	tag, err := tx.Exec(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
+	// They are moved by the predicate they were read by (one range of the
+	// queued index per bucket; naming each of a busy second's thousands of
+	// keys cost the move a lookup per key), and what moved must be what was
+	// read: the same keys, values and outcome flags, none more (a late
+	// event queued meanwhile) and none fewer (a repair or a replay wrote
+	// one).
+	rows, err = tx.Query(ctx, `UPDATE {schema}.meter_events m SET status = 'sending', aggregate = u.agg,
 			first_sent_at = CASE WHEN m.outcome_unknown THEN m.first_sent_at ELSE $1 END
-		FROM unnest($2::timestamptz[], $3::text[], $4::text[], $5::bigint[], $6::bool[], $7::timestamptz[]) AS u(ts, id, agg, val, unk, first)
-		WHERE m.event_ts = u.ts AND m.identifier = u.id AND m.event_ts >= $8 AND m.event_ts <= $9 AND m.status = 'queued'
-			AND m.value = u.val AND m.outcome_unknown = u.unk AND m.first_sent_at = u.first`,
-		now, mts, mids, maggs, mvals, munk, mfirst, lo, hi)
+		FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::bigint[], $6::text[]) AS u(sc, name, sec, bucket, agg)
+		WHERE m.stream = $7 AND m.stripe_customer_id = u.sc AND m.event_name = u.name AND m.status = 'queued'
+			AND m.event_ts >= u.sec AND m.event_ts < u.sec + make_interval(secs => $8)
+			AND m.event_ts >= $9 AND m.event_ts < $10
+			AND `+bucketSQL("m")+` >= u.bucket AND `+bucketSQL("m")+` < u.bucket + $8::bigint
+		RETURNING m.aggregate, m.event_ts, m.identifier, m.value, m.outcome_unknown, m.first_sent_at`,
+		now, sc, names, secs, buckets, ids, fr.Stream, w, lo, hi.Add(time.Duration(w)*time.Second))
 	if err != nil {
 		return fmt.Errorf("recording meter aggregate members: %w", err)
 	}
-	if int(tag.RowsAffected()) != len(mids) {
+	read := make(map[memberKey]Record, members)
+	for _, f := range out {
+		for _, m := range f.Members {
+			read[memberKey{f.Aggregate.Identifier, m.EventTS.UnixMicro(), m.Identifier}] = m
+		}
+	}
+	var (
+		mk    memberKey
+		ts    time.Time
+		r     Record
+		moved = 0
+		same  = true
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&mk.agg, &ts, &mk.id, &r.Value, &r.OutcomeUnknown, &r.FirstSentAt}, func() error {
+		mk.ts, moved = ts.UnixMicro(), moved+1
+		m, ok := read[mk]
+		same = same && ok && m.Value == r.Value && m.OutcomeUnknown == r.OutcomeUnknown && (!r.OutcomeUnknown || m.FirstSentAt.Equal(r.FirstSentAt))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("recording meter aggregate members: %w", err)
+	}
+	if !same || moved != members {
 		return errMembersMoved
 	}
 	return nil
