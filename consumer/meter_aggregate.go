@@ -183,18 +183,45 @@ func (c *MeterConsumer) formAndSend(ctx context.Context, cands []meterledger.Rec
 		return 0, next, err
 	}
 	n, err := c.finishAggregates(ctx, work, nil, nil)
+	var now *watermark.Mark // read once, if a hot customer-meter needs it
 	for _, w := range work {
 		if w.out.Result != meterledger.Delivered {
 			continue
 		}
-		if w.more {
+		hot := w.agg.Members >= hotMembers
+		if w.more || hot && c.nextBucketEnded(ctx, w.agg, &now) {
 			next.again = append(next.again, w.cand)
 		}
-		if w.agg.Members >= hotMembers {
+		if hot {
 			next.hot = append(next.hot, keyOf(w.cand))
 		}
 	}
 	return n, next, err
+}
+
+// nextBucketEnded reports whether the bucket after a's has ended by the
+// group's ingest watermark now (read into *mark once): a busy customer
+// forms its second before the next one ends, so More (read at forming)
+// is false, and the next is ready by the time the call and the recording
+// are done. Without it, the busy customer waited for the sender's next
+// listing (up to senderStale) every second.
+func (c *MeterConsumer) nextBucketEnded(ctx context.Context, a meterledger.Aggregate, mark **watermark.Mark) bool {
+	if *mark == nil {
+		m, err := watermark.Read(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+		if err != nil {
+			return false // left to the next listing
+		}
+		*mark = &m
+	}
+	return bucketAfterEnded(a.Second, c.cfg.AggregateBucket, (*mark).Time())
+}
+
+// bucketAfterEnded reports whether the bucket of width after the one
+// starting at second has ended by the watermark mark: FormAggregates forms
+// the buckets that end at or before mark aligned down to the width.
+func bucketAfterEnded(second time.Time, width time.Duration, mark time.Time) bool {
+	w := int64(max(width/time.Second, 1))
+	return mark.Unix()/w*w >= second.Unix()+2*w
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with

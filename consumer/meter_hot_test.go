@@ -34,3 +34,26 @@ func TestHotKeysAreRecentAndBounded(t *testing.T) {
 		t.Fatalf("a key last hot %s ago is still kept", hotFor+time.Millisecond)
 	}
 }
+
+// The bucket after a busy customer's last one is ready once the watermark,
+// aligned down to the width, has passed its end: not a millisecond before.
+func TestBucketAfterEndedByTheWatermark(t *testing.T) {
+	t.Parallel()
+	s := time.Unix(1_800_000_000, 0).UTC() // aligned to a minute
+	for _, tc := range []struct {
+		width time.Duration
+		mark  time.Duration // after s
+		want  bool
+	}{
+		{time.Second, 1999 * time.Millisecond, false},
+		{time.Second, 2 * time.Second, true},
+		{time.Second, 90 * time.Second, true},
+		{0, 2 * time.Second, true}, // the default width: a second
+		{time.Minute, 119 * time.Second, false},
+		{time.Minute, 120 * time.Second, true},
+	} {
+		if got := bucketAfterEnded(s, tc.width, s.Add(tc.mark)); got != tc.want {
+			t.Errorf("width %s, watermark %s after the bucket's start: ended %v, want %v", tc.width, tc.mark, got, tc.want)
+		}
+	}
+}
