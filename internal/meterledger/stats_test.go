@@ -67,6 +67,16 @@ func TestFreshenStatsAnalyzesAFilledPartition(t *testing.T) {
 	if n := reltuples(); n < 3000 {
 		t.Fatalf("%s has reltuples %v after the analyze, want its 3000 rows", part, n)
 	}
+	// At the sender's small target: a histogram of at most 21 bounds
+	// (Postgres's default would give 101 for 3,000 distinct timestamps).
+	var bounds int
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(array_length(histogram_bounds::text::text[], 1), 0) FROM pg_stats
+		WHERE schemaname = $1 AND tablename = $2 AND attname = 'event_ts'`, testenv.SchemaOf(b.pool), part).Scan(&bounds); err != nil {
+		t.Fatal(err)
+	}
+	if bounds < 2 || bounds > 21 {
+		t.Fatalf("%s's event_ts histogram has %d bounds, want 2-21 (analyzed at a statistics target of 20)", part, bounds)
+	}
 	again, err := b.l.FreshenStats(ctx, day)
 	if err != nil || len(again) != 0 {
 		t.Fatalf("analyzed again at once: %v, %v", again, err)
