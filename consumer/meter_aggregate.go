@@ -217,11 +217,21 @@ func (c *MeterConsumer) nextBucketEnded(ctx context.Context, a meterledger.Aggre
 }
 
 // bucketAfterEnded reports whether the bucket of width after the one
-// starting at second has ended by the watermark mark: FormAggregates forms
-// the buckets that end at or before mark aligned down to the width.
+// starting at second has ended by the watermark mark (readyBefore).
 func bucketAfterEnded(second time.Time, width time.Duration, mark time.Time) bool {
-	w := int64(max(width/time.Second, 1))
-	return mark.Unix()/w*w >= second.Unix()+2*w
+	return !readyBefore(mark, width).Before(second.Add(2 * bucketWidth(width)))
+}
+
+// readyBefore is the watermark mark aligned down to the bucket width: the
+// buckets that end at or before it are ready (FormAggregates forms them).
+func readyBefore(mark time.Time, width time.Duration) time.Time {
+	w := int64(bucketWidth(width) / time.Second)
+	return time.Unix(mark.Unix()/w*w, 0).UTC()
+}
+
+// bucketWidth is width as FormAggregates takes it: whole seconds, at least one.
+func bucketWidth(width time.Duration) time.Duration {
+	return max(width.Truncate(time.Second), time.Second)
 }
 
 // finishAggregates sends work (Workers at once), records each outcome with

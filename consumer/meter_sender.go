@@ -302,8 +302,7 @@ func (c *MeterConsumer) candidates(ctx context.Context, limit int, from *meterle
 		}
 		// Buckets of the meters' width (FormAggregate): ready once the
 		// watermark, aligned down to the width, has passed their end.
-		w := int64(max(c.cfg.AggregateBucket/time.Second, 1))
-		mark = time.Unix(m.Time().Unix()/w*w, 0).UTC()
+		mark = readyBefore(m.Time(), c.cfg.AggregateBucket)
 	}
 	return c.ledger.Candidates(ctx, c.cfg.Stream, limit, c.cfg.AggregateMeters, mark, from)
 }
