@@ -122,12 +122,21 @@ func takeSlot(ctx context.Context, tx pgx.Tx, schema, sc, name, identifier strin
 }
 
 // The arrival bucket of a meter_events row m: b = max(a, s), a the second
-// its stream entry was added (its entry id's milliseconds / 1000; a row
-// without one, from before ingest kept it, takes s), s its timestamp's.
+// its stream entry was added (its entry_second; a row written before that
+// column, its entry id's milliseconds / 1000; a row without an entry id,
+// from before ingest kept it, takes s), s its timestamp's.
 func bucketSQL(m string) string {
 	sec := secondSQL(m)
-	return `greatest(coalesce(CASE WHEN ` + m + `.stream_message_id ~ '^[0-9]{1,18}-[0-9]{1,19}$'
-		THEN split_part(` + m + `.stream_message_id, '-', 1)::bigint / 1000 END, ` + sec + `), ` + sec + `)`
+	return `greatest(coalesce(` + m + `.entry_second, ` + entrySecondSQL(m+`.stream_message_id`) + `, ` + sec + `), ` + sec + `)`
+}
+
+// entrySecondSQL is the second a stream entry id (a text expression) was
+// added: its milliseconds / 1000, NULL for NULL or an id of another form.
+// Every statement that writes a row's stream_message_id writes its
+// entry_second from it with this expression, so entry_second, where set,
+// is what bucketSQL would read from the id.
+func entrySecondSQL(id string) string {
+	return `CASE WHEN ` + id + ` ~ '^[0-9]{1,18}-[0-9]{1,19}$' THEN split_part(` + id + `, '-', 1)::bigint / 1000 END`
 }
 
 // memberSpan bounds the timestamps of a's members: within a day of its

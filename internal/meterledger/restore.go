@@ -170,11 +170,12 @@ WITH a AS (
 		$8::timestamptz[], $9::text[], $10::text[], $13::text[], $14::text[]) WITH ORDINALITY AS a(ts, id, name, sc, cust, val, st, first, msg, reason, stream, agg, i)
 ), ins AS (
 	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
-		first_sent_at, attempts, epoch, delivered_at, last_error, stream_message_id, created_at, outcome_unknown, stream, aggregate)
+		first_sent_at, attempts, epoch, delivered_at, last_error, stream_message_id, entry_second, created_at, outcome_unknown, stream,
+		aggregate)
 	SELECT DISTINCT ON (a.ts, a.id) a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val,
 		CASE WHEN a.st = 'queued' AND a.agg <> '' THEN 'sending' ELSE a.st END, a.first, 1, ` + firstEpoch + `,
 		CASE WHEN a.st = 'delivered' THEN $11::timestamptz END, CASE WHEN a.st = 'parked' THEN a.reason END,
-		nullif(a.msg, ''), $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
+		nullif(a.msg, ''), ` + entrySecondSQL("nullif(a.msg, '')") + `, $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
 	FROM a ORDER BY a.ts, a.id, a.i
 	ON CONFLICT DO NOTHING
 	RETURNING event_ts, identifier, event_name, stripe_customer_id, value
