@@ -133,10 +133,20 @@ func bucketSQL(m string) string {
 // entrySecondSQL is the second a stream entry id (a text expression) was
 // added: its milliseconds / 1000, NULL for NULL or an id of another form.
 // Every statement that writes a row's stream_message_id writes its
-// entry_second from it with this expression, so entry_second, where set,
-// is what bucketSQL would read from the id.
+// entry_second with it (entryValuesSQL, entrySetSQL), so entry_second,
+// where set, is what bucketSQL would read from the id.
 func entrySecondSQL(id string) string {
 	return `CASE WHEN ` + id + ` ~ '^[0-9]{1,18}-[0-9]{1,19}$' THEN split_part(` + id + `, '-', 1)::bigint / 1000 END`
+}
+
+// entryValuesSQL is the values of (stream_message_id, entry_second) for
+// an insert of entry id id.
+func entryValuesSQL(id string) string { return id + `, ` + entrySecondSQL(id) }
+
+// entrySetSQL sets a row's stream_message_id to id in an update, and its
+// entry_second with it.
+func entrySetSQL(id string) string {
+	return `stream_message_id = ` + id + `, entry_second = ` + entrySecondSQL(id)
 }
 
 // memberSpan bounds the timestamps of a's members: within a day of its

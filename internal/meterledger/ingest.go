@@ -356,8 +356,8 @@ WITH a AS (
 ), ins AS (
 	INSERT INTO {schema}.meter_events AS m (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
 		first_sent_at, attempts, epoch, stream_message_id, entry_second, created_at, stream, fields)
-	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'queued', $13, 1, ` + firstEpoch + `, nullif(a.msg, ''),
-		` + entrySecondSQL("nullif(a.msg, '')") + `, $13, a.stream, a.fields::jsonb
+	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'queued', $13, 1, ` + firstEpoch + `,
+		` + entryValuesSQL("nullif(a.msg, '')") + `, $13, a.stream, a.fields::jsonb
 	FROM a WHERE a.op = 1 ORDER BY a.ts, a.id
 	ON CONFLICT DO NOTHING RETURNING m.*
 ), reopen AS (
@@ -368,8 +368,7 @@ WITH a AS (
 		outcome_unknown = a.reason = '' AND m.settled_at IS NULL AND (m.status = 'parked' OR m.outcome_unknown),
 		replay_override = coalesce(nullif(a.reason, ''), m.replay_override), settled_at = NULL, settled_by = NULL, settle_reason = NULL,
 		epoch = ` + nextEpoch + `, delivered_at = NULL, last_error = NULL,
-		stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id),
-		entry_second = ` + entrySecondSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `, stream = a.stream, fields = a.fields::jsonb
+		` + entrySetSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `, stream = a.stream, fields = a.fields::jsonb
 	FROM a
 	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($2) AND m.status IN ('failed', 'parked')
 	RETURNING m.*

@@ -250,8 +250,8 @@ WITH a AS (
 ), ins AS (
 	INSERT INTO {schema}.meter_events AS m (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
 		first_sent_at, attempts, epoch, stream_message_id, entry_second, created_at, stream, fields)
-	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'queued', $15, 1, ` + firstEpoch + `, nullif(a.msg, ''),
-		` + entrySecondSQL("nullif(a.msg, '')") + `, $15, a.stream, a.fields::jsonb
+	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'queued', $15, 1, ` + firstEpoch + `,
+		` + entryValuesSQL("nullif(a.msg, '')") + `, $15, a.stream, a.fields::jsonb
 	FROM a JOIN grp ON grp.g = a.g AND grp.fits ORDER BY a.ts, a.id
 	ON CONFLICT DO NOTHING RETURNING m.event_ts, m.identifier, m.epoch
 ), w AS (

@@ -362,7 +362,7 @@ WITH a AS (
 	INSERT INTO {schema}.meter_events (event_ts, identifier, event_name, stripe_customer_id, customer_id, value, status,
 		first_sent_at, attempts, epoch, lease_owner, lease_expires_at, stream_message_id, entry_second, created_at)
 	SELECT a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val, 'sending', $16, 1, ` + firstEpoch + `, a.owner, a.exp,
-		nullif(a.msg, ''), ` + entrySecondSQL("nullif(a.msg, '')") + `, $16
+		` + entryValuesSQL("nullif(a.msg, '')") + `, $16
 	FROM a JOIN got ON got.token = a.tok
 	JOIN counted k ON k.event_name = a.name AND k.stripe_customer_id = a.sc AND k.month = a.month
 	WHERE a.op = 1 ORDER BY a.ts, a.id
@@ -372,8 +372,7 @@ WITH a AS (
 	-- window now; any other is an attempt of unknown outcome.
 	UPDATE {schema}.meter_events m SET epoch = ` + nextEpoch + `, attempts = m.attempts + 1, outcome_unknown = m.attempts > 0 OR m.outcome_unknown,
 		first_sent_at = CASE WHEN m.attempts = 0 THEN $16 ELSE m.first_sent_at END, lease_owner = a.owner,
-		lease_expires_at = a.exp, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id),
-		entry_second = ` + entrySecondSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `
+		lease_expires_at = a.exp, ` + entrySetSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `
 	FROM a JOIN got ON got.token = a.tok
 	WHERE a.op = 2 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
 		AND m.status = 'sending' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= $16)
@@ -390,8 +389,8 @@ WITH a AS (
 		outcome_unknown = a.reason = '' AND m.settled_at IS NULL AND (m.status = 'parked' OR m.outcome_unknown),
 		replay_override = coalesce(nullif(a.reason, ''), m.replay_override), settled_at = NULL, settled_by = NULL, settle_reason = NULL,
 		attempts = m.attempts + 1, epoch = ` + nextEpoch + `, lease_owner = a.owner, lease_expires_at = a.exp,
-		delivered_at = NULL, last_error = NULL, stream_message_id = coalesce(nullif(a.msg, ''), m.stream_message_id),
-		entry_second = ` + entrySecondSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `
+		delivered_at = NULL, last_error = NULL,
+		` + entrySetSQL("coalesce(nullif(a.msg, ''), m.stream_message_id)") + `
 	FROM a JOIN got ON got.token = a.tok
 	WHERE a.op = 5 AND m.event_ts = a.ts AND m.identifier = a.id AND m.event_ts = ANY($3) AND m.epoch = a.seen_epoch
 		AND m.status IN ('failed', 'parked')

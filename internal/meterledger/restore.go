@@ -175,7 +175,7 @@ WITH a AS (
 	SELECT DISTINCT ON (a.ts, a.id) a.ts, a.id, a.name, a.sc, nullif(a.cust, ''), a.val,
 		CASE WHEN a.st = 'queued' AND a.agg <> '' THEN 'sending' ELSE a.st END, a.first, 1, ` + firstEpoch + `,
 		CASE WHEN a.st = 'delivered' THEN $11::timestamptz END, CASE WHEN a.st = 'parked' THEN a.reason END,
-		nullif(a.msg, ''), ` + entrySecondSQL("nullif(a.msg, '')") + `, $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
+		` + entryValuesSQL("nullif(a.msg, '')") + `, $11, a.st = 'queued', nullif(a.stream, ''), nullif(a.agg, '')
 	FROM a ORDER BY a.ts, a.id, a.i
 	ON CONFLICT DO NOTHING
 	RETURNING event_ts, identifier, event_name, stripe_customer_id, value
