@@ -47,7 +47,13 @@ import (
 //     quiet_lag_s_median: how far counted usage at Stripe trailed
 //     production (the age of the oldest unit produced and not yet
 //     counted; busy sampled every 100 ms, quiet every second, from the
-//     first event to the end);
+//     first event to the end); busy_lag_s_max_first_10s: the busy
+//     customer's over the first 10 s of production, while the day's
+//     partition is new (as at each UTC midnight);
+//   - pg_checkpoints: checkpoints the Postgres server started during the
+//     run (at this volume, one each time the WAL grows by about half of
+//     max_wal_size); wal_bytes/event: WAL the server wrote during the run
+//     per event produced (every session's, the run's own nearly all);
 //   - calls, calls_recorded, calls_duplicate, calls_concurrent,
 //     calls_rate_limited: Stripe's answers; tuples: the distinct
 //     (customer, meter, second) of the events produced; late_joins:
@@ -110,8 +116,15 @@ type scaleRun struct {
 	// markLags: how far the group's ingest watermark trails the clock
 	// while the producer runs (an aggregate waits for it).
 	markLags []time.Duration
-	conns    int32
+	// busyStartMax: the busy customer's largest lag within scaleStart of
+	// its first event.
+	busyStartMax time.Duration
+	conns        int32
 }
+
+// scaleStart is the start of production the busy lag is also reported
+// over: a new day's partition before its first analyze.
+const scaleStart = 10 * time.Second
 
 func runScaleBench(b *testing.B, mode string) {
 	b.StopTimer()
@@ -160,6 +173,7 @@ func runScaleBench(b *testing.B, mode string) {
 		go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	}
 
+	server0 := readServer(ctx, b, w.pool)
 	r := &scaleRun{producing: true}
 	b.StartTimer()
 	start := time.Now()
@@ -172,6 +186,7 @@ func runScaleBench(b *testing.B, mode string) {
 	<-sampled
 	drained := time.Since(r.last)
 	b.StopTimer()
+	server := readServer(context.Background(), b, w.pool, server0)
 	cancel()
 	wg.Wait()
 
@@ -205,6 +220,7 @@ func runScaleBench(b *testing.B, mode string) {
 	b.ReportMetric(percentile(r.busyLags, 1).Seconds(), "busy_lag_s_max")
 	b.ReportMetric(percentile(r.busyLags, 0.5).Seconds(), "busy_lag_s_median")
 	b.ReportMetric(percentile(r.busyLags, 0.9).Seconds(), "busy_lag_s_p90")
+	b.ReportMetric(r.busyStartMax.Seconds(), "busy_lag_s_max_first_10s")
 	b.ReportMetric(percentile(r.quietLags, 1).Seconds(), "quiet_lag_s_max")
 	b.ReportMetric(percentile(r.quietLags, 0.5).Seconds(), "quiet_lag_s_median")
 	b.ReportMetric(float64(r.conns), "pg_conns_max")
@@ -220,6 +236,8 @@ func runScaleBench(b *testing.B, mode string) {
 	b.ReportMetric(float64(short), "customers_short")
 	b.ReportMetric(float64(countedUnits)/float64(producedUnits), "counted_share")
 	b.ReportMetric(drained.Seconds(), "drain_s")
+	b.ReportMetric(float64(server.checkpoints), "pg_checkpoints")
+	b.ReportMetric(server.walBytes/float64(r.produced), "wal_bytes/event")
 	ing := ingestStats(context.Background(), b, w.pool)
 	agg := aggregateStats(context.Background(), b, w.pool)
 	if mode == "aggregated" {
@@ -231,10 +249,12 @@ func runScaleBench(b *testing.B, mode string) {
 	}
 	b.Logf("%s: %d events produced in %d s (%.0f/s, slowest tick's XADDs %s); %s from the last event until counted or the cap; "+
 		"emulator %+v; %d tuples; ledger rows %d (written over %.1f s: %.0f/s; entry to row p50 %.3f s, p99 %.3f s, max %.3f s); "+
-		"aggregates %d (%d buckets, %d late joins, %d arrival splits); %d of %d customers short, %.4f of the units counted",
+		"aggregates %d (%d buckets, %d late joins, %d arrival splits); %d of %d customers short, %.4f of the units counted; "+
+		"Postgres: %d checkpoints, %.0f MB of WAL",
 		mode, r.produced, seconds, prodStats.rate, prodStats.slowest.Round(time.Millisecond), drained.Round(time.Millisecond),
 		c, tuples, ing.rows, ing.span, ing.rate, ing.lagP50, ing.lagP99, ing.lagMax,
-		agg.total, agg.buckets, agg.late, agg.splits, short, len(totals), float64(countedUnits)/float64(producedUnits))
+		agg.total, agg.buckets, agg.late, agg.splits, short, len(totals), float64(countedUnits)/float64(producedUnits),
+		server.checkpoints, server.walBytes/1e6)
 }
 
 type producerStats struct {
@@ -344,6 +364,9 @@ func (r *scaleRun) sample(ctx context.Context, sim *stripesim.Server, pools []*p
 		}
 		bl, ql := r.busy.lag(bu, now), r.quiet.lag(qu, now)
 		r.busyLags = append(r.busyLags, bl)
+		if now.Sub(r.busy.at[0]) <= scaleStart {
+			r.busyStartMax = max(r.busyStartMax, bl)
+		}
 		if k%10 == 0 {
 			r.quietLags = append(r.quietLags, ql)
 		}
@@ -408,5 +431,39 @@ func aggregateStats(ctx context.Context, b *testing.B, pool *pgxpool.Pool) aggre
 		b.Fatal(fmt.Errorf("reading the aggregates: %w", err))
 	}
 	f.late, f.splits = f.total-f.buckets, f.buckets-seconds
+	return f
+}
+
+// serverFigures are the Postgres server's counters a run is read against.
+type serverFigures struct {
+	checkpoints int64   // started, timed or requested
+	walLSN      string  // the WAL's insert position
+	walBytes    float64 // the WAL written since the earlier reading (0 for the first)
+}
+
+// readServer reads the server's checkpoint count (pg_stat_checkpointer
+// from Postgres 17, pg_stat_bgwriter before) and its WAL position; given
+// an earlier reading, the checkpoints and the WAL since it.
+func readServer(ctx context.Context, b *testing.B, pool *pgxpool.Pool, earlier ...serverFigures) serverFigures {
+	var f serverFigures
+	err := pool.QueryRow(ctx, `SELECT num_timed + num_requested FROM pg_stat_checkpointer`).Scan(&f.checkpoints)
+	if err != nil {
+		err = pool.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&f.checkpoints)
+	}
+	if err != nil {
+		b.Fatal(fmt.Errorf("reading the server's checkpoints: %w", err))
+	}
+	from := "0/0"
+	if len(earlier) > 0 {
+		f.checkpoints -= earlier[0].checkpoints
+		from = earlier[0].walLSN
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`,
+		from).Scan(&f.walLSN, &f.walBytes); err != nil {
+		b.Fatal(fmt.Errorf("reading the server's WAL position: %w", err))
+	}
+	if len(earlier) == 0 {
+		f.walBytes = 0
+	}
 	return f
 }

@@ -51,6 +51,14 @@ const (
 	// event (meterledger.UnsentFloor): listings read the partitions from
 	// its day on, and from the oldest event this process ingested since.
 	floorEvery = 5 * time.Second
+	// statsEvery is how often the sender looks for partitions to analyze
+	// (meterledger.FreshenStats): one read of their change counters. A
+	// day's partition is analyzed within about a second of its first
+	// thousand rows. Checked every 5 s, a run's first seconds (and each
+	// UTC midnight's) were planned as if the day's partition were empty:
+	// a customer at 5,000 events/s fell up to 1.7–3.3 s behind in the
+	// first 10 s, against 1.3–1.5 s checked every second.
+	statsEvery = time.Second
 )
 
 // startSenders starts, for SendFromLedger, the sender and the takeover of
@@ -271,12 +279,12 @@ func (c *MeterConsumer) list(ctx context.Context, from *meterledger.ListFrom, fl
 	return nil
 }
 
-// freshenStats analyzes, every floorEvery until ctx ends, the partitions
+// freshenStats analyzes, every statsEvery until ctx ends, the partitions
 // the sender reads (from its floor's day on) whose planner statistics are
 // stale: a listing planned on a freshly filled day's partition reads every
 // queued row of it (meterledger.FreshenStats).
 func (c *MeterConsumer) freshenStats(ctx context.Context) {
-	for sleep(ctx, floorEvery); ctx.Err() == nil; sleep(ctx, floorEvery) {
+	for sleep(ctx, statsEvery); ctx.Err() == nil; sleep(ctx, statsEvery) {
 		f := c.listFloor.Load()
 		if f == 0 {
 			continue // nothing listed yet
