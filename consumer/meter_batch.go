@@ -118,11 +118,17 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case meterledger.Acquired, meterledger.TakenOver, meterledger.Reopened:
 			send = append(send, it)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
-			b.Already++
-			acks = append(acks, it.msg.ID)
 			if st := cl.Record.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
 				sent = append(sent, sentOf(it.req, cl.Record, st, cl.Record.LastError))
 			}
+			if d, ok := parkedBefore(it.msg, it.req, cl.Record); ok {
+				b.Parked++
+				dead = append(dead, d)
+				c.count(&b, it.msg.ID, OutcomeParked)
+				continue
+			}
+			b.Already++
+			acks = append(acks, it.msg.ID)
 			c.count(&b, it.msg.ID, OutcomeAlreadyBilled)
 		case meterledger.Parked:
 			b.Parked++
@@ -271,6 +277,21 @@ func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
 			}
 		}
 	}
+}
+
+// parkedBefore is the dead letter of entry m whose event's row was parked
+// before the entry was acked: by the usage repair after a ledger rollback
+// (it parks the entries not acked that are past the safe window, and
+// writes no dead letter), or by a consumer whose dead letter and ack a
+// Redis rollback lost. It carries the row's reason, so that a person who
+// finds Stripe lacks the event can settle it and replay it; the parking
+// was alerted already (ledger_repaired, meter_event_parked). A replay is
+// decided by the ledger instead (refused or reopened).
+func parkedBefore(m redis.XMessage, r meterledger.Request, rec meterledger.Record) (Dead, bool) {
+	if rec.Status != meterledger.StatusParked || r.Replay {
+		return Dead{}, false
+	}
+	return Dead{Msg: m, Reason: ReasonMeterParked, Detail: rec.LastError, Alerted: true}, true
 }
 
 // settle mirrors the ledger witness and writes the meter witness, then

@@ -63,11 +63,17 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 			sent = append(sent, sentOf(r, g.Record, meterledger.StatusQueued, ""))
 			c.count(&b, m.ID, OutcomeProcessing)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
-			b.Already++
-			acks = append(acks, m.ID)
 			if st := g.Record.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
 				sent = append(sent, sentOf(r, g.Record, st, g.Record.LastError))
 			}
+			if d, ok := parkedBefore(m, r, g.Record); ok {
+				b.Parked++
+				dead = append(dead, d)
+				c.count(&b, m.ID, OutcomeParked)
+				continue
+			}
+			b.Already++
+			acks = append(acks, m.ID)
 			c.count(&b, m.ID, OutcomeAlreadyBilled)
 		case meterledger.OverCap:
 			b.OverCap++

@@ -19,8 +19,9 @@ import (
 // Meter-event streams (`pelguard-consumer meter-events`, DESIGN.md "Usage to
 // Stripe Billing Meters"): the same pass over idle pending entries, decided
 // against the meter ledger (meter_events) before any claim. An entry whose
-// event is recorded delivered, refused or parked is acked without a call
-// (a partial batch, a consumer killed before XACK, an AOF rollback); one
+// event is recorded delivered or refused is acked without a call (a
+// partial batch, a consumer killed before XACK, an AOF rollback); one
+// parked is re-driven to be dead-lettered with its reason, not sent; one
 // whose event is in flight under a live lease is left alone (reclaim while
 // in flight); the rest are claimed with the min-idle fence and re-driven
 // through the meter consumer's own processing, whose reservation decides
@@ -111,7 +112,15 @@ func decideMeterEntry(in meterInput) verdict {
 				in.Event.EventName, in.Event.StripeCustomerID, in.Event.Value)
 			return v
 		}
-		// Delivered, refused or parked: nothing more may be sent for it.
+		if rec.Status == meterledger.StatusParked {
+			// Parked before it was acked (by the usage repair, which writes
+			// no dead letter): the re-drive dead-letters it with the row's
+			// reason and sends nothing, so that a person can settle it and
+			// replay it.
+			v.Kind, v.Reason = KindClaim, "meter event parked: dead-lettered with its reason, not sent"
+			return v
+		}
+		// Delivered or refused: nothing more may be sent for it.
 		v.Kind, v.Reason = KindAlreadyBilled, "meter event "+string(rec.Status)
 	case in.HasRow && rec.LeaseLive(in.Now):
 		v.Kind = KindLeaseLive

@@ -32,7 +32,9 @@ func TestDecideMeterEntry(t *testing.T) {
 		{"invalid", with(func(in *meterInput) { in.Invalid = &event.RejectError{Reason: event.ReasonBadFieldType} }), KindInvalid},
 		{"delivered", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusDelivered, "", time.Time{}), true }), KindAlreadyBilled},
 		{"refused", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true }), KindAlreadyBilled},
-		{"parked", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusParked, "", time.Time{}), true }), KindAlreadyBilled},
+		// Parked by the usage repair while its entry was pending: re-driven
+		// to be dead-lettered (the consumer's code sends nothing for it).
+		{"parked", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusParked, "", time.Time{}), true }), KindClaim},
 		{"another event under the identifier", with(func(in *meterInput) { in.Row, in.HasRow = other, true }), KindConflict},
 		{"live lease", with(func(in *meterInput) {
 			in.Row, in.HasRow = row(meterledger.StatusSending, "slow", now.Add(time.Second)), true

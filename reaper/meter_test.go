@@ -377,3 +377,47 @@ func TestReaperMeterDeadLettersAlert(t *testing.T) {
 		t.Fatalf("alerts %+v: want one dead_letters for %s", as, b.stream)
 	}
 }
+
+// An entry left pending by a dead consumer whose event the usage repair
+// parked (a ledger rollback lost its row, past the safe window) is claimed
+// and dead-lettered with the repair's reason, so that a person can settle
+// it and replay it; nothing is sent, and no alert beyond the repair's.
+func TestReaperDeadLettersAMeterEventTheRepairParked(t *testing.T) {
+	t.Parallel()
+	b := meterSetup(t)
+	l := b.meterLedger(t)
+	ctx := context.Background()
+	e := usage(3, 1, b.clk.Now().Add(-25*time.Hour))
+	b.addUsage(t, e)
+	msgs := b.read(t, deadName, 1)
+	if _, err := l.EnsurePartitions(ctx, b.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	reason := "the ledger lost rows in a rollback and this entry was not acked: not re-sent"
+	if res, err := l.Restore(ctx, []meterledger.Restored{{Key: meterledger.KeyOf(e, e.Identifier(testNamespace)),
+		EventName: e.EventName, StripeCustomerID: e.StripeCustomerID, Value: e.Value, Status: meterledger.StatusParked,
+		MessageID: msgs[0].ID, Reason: reason}}, false); err != nil || res[0].Outcome != meterledger.RestoreInserted {
+		t.Fatalf("restoring the parked row: %+v %v", res, err)
+	}
+	b.waitIdle(t, 1, time.Millisecond)
+	sum, err := b.newReaper(t, b.meterConfig(t)).RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Outcomes[consumer.OutcomeParked] != 1 {
+		t.Fatalf("pass %+v: want the entry dead-lettered as parked", sum)
+	}
+	if c := b.sim.MeterEventCounts(); c.Recorded != 0 {
+		t.Fatalf("emulator counts %+v: a parked event was sent", c)
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Values["reason"] != consumer.ReasonMeterParked || dl[0].Values["detail"] != reason {
+		t.Fatalf("dead letters %v: want one %s with the repair's reason", dl, consumer.ReasonMeterParked)
+	}
+	if n := len(b.notifier.Alerts()); n != 0 {
+		t.Fatalf("%d alerts: the repair's report named the event already", n)
+	}
+	if p := b.pending(t); len(p) != 0 {
+		t.Fatalf("%d entries still pending", len(p))
+	}
+}

@@ -603,6 +603,22 @@ func meterDrill(t *testing.T, o meterDrillOpts) {
 			t.Fatalf("after a day's outage: %d events parked, %d findings; want the %d lost unacked events parked and named in the report",
 				parked, findings, lost["stall-b"])
 		}
+		// Each dead-lettered with the repair's reason by whoever read its
+		// entry (a consumer, or the reaper's re-drive), so that it can be
+		// settled and replayed.
+		dls, err := rdb.XRange(ctx, consumer.DeadLetterStream(stream), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries := map[any]bool{}
+		for _, m := range dls {
+			if d, _ := m.Values["detail"].(string); m.Values["reason"] == consumer.ReasonMeterParked && strings.Contains(d, "not acked") {
+				entries[m.Values["source_id"]] = true
+			}
+		}
+		if len(entries) != parked {
+			t.Fatalf("%d entries dead-lettered with the repair's reason; want the %d events it parked", len(entries), parked)
+		}
 	case parked != 0:
 		t.Fatalf("%d events parked; want none (within Stripe's window every event is restored or re-sent)", parked)
 	}

@@ -26,8 +26,8 @@ import (
 // window: those aggregates come back from the witness of unknown outcome
 // and are parked with their members (each member dead-lettered with the
 // reason), events witnessed only at ingest are parked on their own, the
-// second half's unread entries are parked by the repair and named in its
-// report — and nothing is sent again: each aggregate identifier recorded
+// second half's unread entries are parked by the repair, named in its
+// report and dead-lettered with its reason — and nothing is sent again: each aggregate identifier recorded
 // at most once, no member on its own.
 func TestUsageThroughAFailoverWithAggregatesAndADayOutage(t *testing.T) {
 	t.Parallel()
@@ -285,7 +285,8 @@ func checkAggregatesAfterADay(t *testing.T, ctx context.Context, d dayOutageAggr
 
 	// Each member of a parked aggregate, and each event parked on its own
 	// by a sender, is dead-lettered with the reason; those the repair
-	// parked (their entries unread) are named in its report instead.
+	// parked (their entries unread) are named in its report and
+	// dead-lettered with its reason by the consumer that read them.
 	dls, err := d.rdb.XRange(ctx, consumer.DeadLetterStream(d.stream), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +318,10 @@ func checkAggregatesAfterADay(t *testing.T, ctx context.Context, d dayOutageAggr
 			}
 		case strings.Contains(x.reason, "not acked"):
 			repairParked++ // the repair's: its entry was unread
+			if !ok || !strings.Contains(detail, "not acked") {
+				t.Errorf("%s event %s parked by the repair: dead letter %v %q; want one giving the repair's reason",
+					byIdent[id].phase, byIdent[id].EventID, ok, detail)
+			}
 		case !ok || detail == "":
 			t.Errorf("%s event %s parked (%q) without a dead letter giving the reason", byIdent[id].phase, byIdent[id].EventID, x.reason)
 		}
