@@ -8,7 +8,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/consumer"
+	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
+	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
@@ -95,5 +97,58 @@ func TestMeterEntryParkedByTheRepairIsDeadLettered(t *testing.T) {
 				t.Fatalf("row %+v %v: want delivered", rec, err)
 			}
 		})
+	}
+}
+
+// A replay of a parked event older than Stripe takes (35 days) goes back to
+// the dead letters saying so (its timestamp is refused before the ledger is
+// asked); nothing is sent, and nothing is acked away.
+func TestMeterReplayPastStripesDaysGoesBackToTheDeadLetters(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	clk := newSimClock(now)
+	b := setup(t, opts{clk: clk, simNow: now})
+	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e := meterEvent(8, 2, now.Add(-time.Hour))
+	b.addMeter(t, e)
+	msgs := b.read(t, "m-a", 1)
+	ml, err := meterledger.New(b.pool, meterledger.Config{Schema: testenv.SchemaOf(b.pool), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ml.EnsurePartitions(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ml.Restore(ctx, []meterledger.Restored{{Key: meterledger.KeyOf(e, e.Identifier("test")), EventName: e.EventName,
+		StripeCustomerID: e.StripeCustomerID, Value: e.Value, Status: meterledger.StatusParked, MessageID: msgs[0].ID,
+		Reason: "parked by the repair"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.meterConsumer(t, "m-a").ProcessBatch(ctx, msgs); err != nil || got.Parked != 1 {
+		t.Fatalf("batch %+v %v: want the entry dead-lettered as parked", got, err)
+	}
+	clk.Advance(36 * 24 * time.Hour)
+	b.sim.Advance(36 * 24 * time.Hour)
+	dl, err := b.rdb.XRange(ctx, consumer.DeadLetterStream(b.stream), "-", "+").Result()
+	if err != nil || len(dl) != 1 {
+		t.Fatalf("dead letters %v %v: want one", dl, err)
+	}
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: map[string]any{"payload": e.Payload(),
+		consumer.ReplayedFromField: dl[0].ID, consumer.ReplayOverrideField: "absent at Stripe"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.meterConsumer(t, "m-a").ProcessBatch(ctx, b.read(t, "m-a", 1))
+	if err != nil || got.DeadLetters != 1 || got.Already != 0 {
+		t.Fatalf("replay 36 days on %+v %v: want it dead-lettered again", got, err)
+	}
+	dl, err = b.rdb.XRange(ctx, consumer.DeadLetterStream(b.stream), "-", "+").Result()
+	if err != nil || len(dl) != 2 || dl[1].Values["reason"] != event.ReasonTimestampOutside {
+		t.Fatalf("dead letters %v %v: want the replay back with reason %s", dl, err, event.ReasonTimestampOutside)
+	}
+	if n := b.sim.MeterEventCounts().Recorded; n != 0 {
+		t.Fatalf("the emulator recorded %d meter events: want none", n)
 	}
 }
