@@ -279,16 +279,17 @@ func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
 	}
 }
 
-// parkedBefore is the dead letter of entry m whose event's row was parked
-// before the entry was acked: by the usage repair after a ledger rollback
-// (it parks the entries not acked that are past the safe window, and
-// writes no dead letter), or by a consumer whose dead letter and ack a
-// Redis rollback lost. It carries the row's reason, so that a person who
-// finds Stripe lacks the event can settle it and replay it; the parking
-// was alerted already (ledger_repaired, meter_event_parked). A replay is
-// decided by the ledger instead (refused or reopened).
+// parkedBefore is the dead letter of entry m whose event was parked before
+// the entry was acked: by the usage repair after a ledger rollback (it
+// parks the entries not acked that are past the safe window, and writes no
+// dead letter), or by a consumer whose dead letter and ack a Redis rollback
+// lost; or settled as not counted since (meterledger.Record.LeftToAPerson).
+// It carries the row's reason, so that a person can settle it and replay
+// it; the parking was alerted already (ledger_repaired,
+// meter_event_parked). A replay is decided by the ledger instead (refused
+// or reopened).
 func parkedBefore(m redis.XMessage, r meterledger.Request, rec meterledger.Record) (Dead, bool) {
-	if rec.Status != meterledger.StatusParked || r.Replay {
+	if !rec.LeftToAPerson() || r.Replay {
 		return Dead{}, false
 	}
 	return Dead{Msg: m, Reason: ReasonMeterParked, Detail: rec.LastError, Alerted: true}, true

@@ -21,7 +21,8 @@ import (
 // against the meter ledger (meter_events) before any claim. An entry whose
 // event is recorded delivered or refused is acked without a call (a
 // partial batch, a consumer killed before XACK, an AOF rollback); one
-// parked is re-driven to be dead-lettered with its reason, not sent; one
+// parked (or settled as not counted since) is re-driven to be
+// dead-lettered with its reason, not sent; one
 // whose event is in flight under a live lease is left alone (reclaim while
 // in flight); the rest are claimed with the min-idle fence and re-driven
 // through the meter consumer's own processing, whose reservation decides
@@ -112,12 +113,12 @@ func decideMeterEntry(in meterInput) verdict {
 				in.Event.EventName, in.Event.StripeCustomerID, in.Event.Value)
 			return v
 		}
-		if rec.Status == meterledger.StatusParked {
+		if rec.LeftToAPerson() {
 			// Parked before it was acked (by the usage repair, which writes
-			// no dead letter): the re-drive dead-letters it with the row's
-			// reason and sends nothing, so that a person can settle it and
-			// replay it.
-			v.Kind, v.Reason = KindClaim, "meter event parked: dead-lettered with its reason, not sent"
+			// no dead letter), or settled as not counted since: the
+			// re-drive dead-letters it with the row's reason and sends
+			// nothing, so that a person can settle it and replay it.
+			v.Kind, v.Reason = KindClaim, "meter event "+string(rec.Status)+" and left to a person: dead-lettered with its reason, not sent"
 			return v
 		}
 		// Delivered or refused: nothing more may be sent for it.

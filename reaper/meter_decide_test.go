@@ -32,6 +32,10 @@ func TestDecideMeterEntry(t *testing.T) {
 		{"invalid", with(func(in *meterInput) { in.Invalid = &event.RejectError{Reason: event.ReasonBadFieldType} }), KindInvalid},
 		{"delivered", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusDelivered, "", time.Time{}), true }), KindAlreadyBilled},
 		{"refused", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true }), KindAlreadyBilled},
+		{"settled as not counted", with(func(in *meterInput) {
+			in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true
+			in.Row.SettledAt = now.Add(-time.Minute)
+		}), KindClaim},
 		// Parked by the usage repair while its entry was pending: re-driven
 		// to be dead-lettered (the consumer's code sends nothing for it).
 		{"parked", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusParked, "", time.Time{}), true }), KindClaim},

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelguard/pelguard/event"
+	"github.com/pelguard/pelguard/internal/cmdname"
 	"github.com/pelguard/pelguard/internal/meterledger"
 	"github.com/pelguard/pelguard/internal/meterwitness"
 )
@@ -367,11 +368,15 @@ func (u *usage) decideUnacked(ctx context.Context, s meterwitness.Stream, msgs [
 			}
 			k := meterledger.KeyOf(ev, ev.Identifier(s.Namespace))
 			keys = append(keys, k)
+			// Its first attempt is unknown: taken as the event's own time
+			// (what parks it below), so that a replay is refused until a
+			// person settles it (meterledger decideRow), never sent while
+			// Stripe may count it.
 			evs = append(evs, meterledger.Restored{Key: k, EventName: ev.EventName, StripeCustomerID: ev.StripeCustomerID,
-				CustomerID: ev.CustomerID, Value: ev.Value, Status: meterledger.StatusParked, MessageID: m.ID,
+				CustomerID: ev.CustomerID, Value: ev.Value, Status: meterledger.StatusParked, MessageID: m.ID, FirstSentAt: ev.Timestamp,
 				Reason: fmt.Sprintf("the ledger lost rows in a rollback (from %s) and this entry was not acked: it may have been counted "+
-					"by Stripe more than its identifier window ago, so it is not re-sent. If Stripe's event summaries lack it, replay it",
-					u.cfg.Since.UTC().Format(time.RFC3339))})
+					"by Stripe more than its identifier window ago, so it is not re-sent. If Stripe's event summaries lack it, settle it "+
+					"as not counted (%s meter-settle), then replay it", u.cfg.Since.UTC().Format(time.RFC3339), cmdname.Consumer)})
 		}
 		_, found, err := u.cfg.Ledger.Lookup(ctx, keys)
 		if err != nil {

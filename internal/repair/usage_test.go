@@ -99,3 +99,61 @@ func TestUsageRepairCountsOnlyEntriesThatMayHaveBeenSent(t *testing.T) {
 		t.Fatalf("without the time the loss was found: %+v %v, want all four left to be sent again", again, err)
 	}
 }
+
+// An entry not acked whose row is missing and that is past the safe window
+// is parked with the event's own time as its first attempt (the real one is
+// unknown): a replay of it is then refused until a person settles it, as
+// Stripe may count it; never sent meanwhile.
+func TestUsageRepairParksWithTheEventsTimeAsItsFirstAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	rdb := testenv.Redis(t)
+	ml, err := meterledger.New(pool, meterledger.Config{Schema: testenv.SchemaOf(pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgerID, err := ml.LedgerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	if _, err := ml.EnsurePartitions(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	stream := testenv.Name(t, "usage")
+	ws := meterwitness.Stream{Stream: stream, Group: "meters", Namespace: "repair-park"}
+	testenv.CleanupKeys(t, rdb, stream, meterwitness.Key(stream, "meters"), meterwitness.RegistryKey(ledgerID))
+	ts := now.Add(-30 * time.Hour).Truncate(time.Second)
+	ev := event.MeterEvent{EventName: "api_requests", StripeCustomerID: "cus_p", Value: 5, Timestamp: ts, EventID: "p1"}
+	// The witness registers the stream (one delivered event of another).
+	other := ev
+	other.EventID, other.StripeCustomerID = "p0", "cus_o"
+	if err := meterwitness.Record(ctx, rdb, ledgerID, ws, []meterwitness.Sent{{Status: meterwitness.Delivered, EventTS: ts,
+		Identifier: other.Identifier(ws.Namespace), EventName: other.EventName, StripeCustomerID: other.StripeCustomerID,
+		Value: other.Value, FirstSentAt: ts}}, now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XGroupCreateMkStream(ctx, stream, "meters", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{event.PayloadField: ev.Payload()}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := repair.Usage(ctx, repair.UsageConfig{Ledger: ml, Redis: rdb, Since: now.Add(-time.Hour), Until: now, By: "test",
+		Logger: testenv.Logger(t)})
+	if err != nil || rep.Parked != 1 {
+		t.Fatalf("report %+v %v: want the unacked entry past the safe window parked", rep, err)
+	}
+	key := meterledger.KeyOf(ev, ev.Identifier(ws.Namespace))
+	rec, err := ml.Get(ctx, key)
+	if err != nil || rec.Status != meterledger.StatusParked || !rec.FirstSentAt.Equal(ts) || !strings.Contains(rec.LastError, "meter-settle") {
+		t.Fatalf("row %+v %v: want parked, first attempt at the event's time %s, and a reason naming meter-settle", rec, err, ts)
+	}
+	claims, err := ml.Reserve(ctx, []meterledger.Request{{Event: ev, Identifier: ev.Identifier(ws.Namespace), Owner: "replayer",
+		Lease: time.Minute, MessageID: id, Replay: true}})
+	if err != nil || claims[0].Decision != meterledger.ReplayRefused {
+		t.Fatalf("a replay of it: %+v %v; want it refused until settled", claims, err)
+	}
+}
