@@ -114,10 +114,11 @@ func decideMeterEntry(in meterInput) verdict {
 			return v
 		}
 		if rec.LeftToAPerson() {
-			// Parked before it was acked (by the usage repair, which writes
-			// no dead letter), or settled as not counted since: the
-			// re-drive dead-letters it with the row's reason and sends
-			// nothing, so that a person can settle it and replay it.
+			// Of unknown outcome (parked before it was acked, by the usage
+			// repair, which writes no dead letter), or settled as not
+			// counted since: the re-drive dead-letters it with the row's
+			// reason and sends nothing, so that a person can settle it and
+			// replay it.
 			v.Kind, v.Reason = KindClaim, "meter event "+string(rec.Status)+" and left to a person: dead-lettered with its reason, not sent"
 			return v
 		}

@@ -32,6 +32,10 @@ func TestDecideMeterEntry(t *testing.T) {
 		{"invalid", with(func(in *meterInput) { in.Invalid = &event.RejectError{Reason: event.ReasonBadFieldType} }), KindInvalid},
 		{"delivered", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusDelivered, "", time.Time{}), true }), KindAlreadyBilled},
 		{"refused", with(func(in *meterInput) { in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true }), KindAlreadyBilled},
+		{"refused after an attempt of unknown outcome", with(func(in *meterInput) {
+			in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true
+			in.Row.OutcomeUnknown = true
+		}), KindClaim},
 		{"settled as not counted", with(func(in *meterInput) {
 			in.Row, in.HasRow = row(meterledger.StatusFailed, "", time.Time{}), true
 			in.Row.SettledAt = now.Add(-time.Minute)

@@ -120,11 +120,12 @@ func (r Record) MaybeCounted() bool {
 	return r.SettledAt.IsZero() && (r.Status == StatusParked || r.Status == StatusFailed && r.OutcomeUnknown)
 }
 
-// LeftToAPerson reports whether the event waits on a person: parked (to
-// check at Stripe and settle), or settled as not counted (to replay). A
-// consumer that reads its entry again dead-letters it, so that they can.
+// LeftToAPerson reports whether the event waits on a person: of unknown
+// outcome (MaybeCounted: to check at Stripe and settle), or settled as not
+// counted (to replay). A consumer that reads its entry again dead-letters
+// it, so that they can.
 func (r Record) LeftToAPerson() bool {
-	return r.Status == StatusParked || r.Status == StatusFailed && !r.SettledAt.IsZero()
+	return r.MaybeCounted() || r.Status == StatusFailed && !r.SettledAt.IsZero()
 }
 
 // LeaseLive reports whether someone holds an unexpired lease at now.

@@ -38,8 +38,10 @@ type Restored struct {
 	// (sent, or about to be, before the rollback): restored sending under
 	// it, never on its own (RestoreAggregate restores the aggregate).
 	Aggregate string
-	// FirstSentAt is the first attempt as recorded; zero: now (an event
-	// parked by the repair, never attempted as far as the ledger knows).
+	// FirstSentAt is the first attempt as recorded; zero: now. The usage
+	// repair parks an event whose first attempt it cannot know with the
+	// event's own time, so that a replay is refused until it is settled
+	// (zero would let one through for the safe window).
 	FirstSentAt time.Time
 	// Reason: why a parked event is parked (last_error).
 	Reason    string
