@@ -118,18 +118,7 @@ func (c *MeterConsumer) process(ctx context.Context, msgs []redis.XMessage) (Met
 		case meterledger.Acquired, meterledger.TakenOver, meterledger.Reopened:
 			send = append(send, it)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
-			if st := cl.Record.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
-				sent = append(sent, sentOf(it.req, cl.Record, st, cl.Record.LastError))
-			}
-			if d, ok := parkedBefore(it.msg, it.req, cl.Record); ok {
-				b.Parked++
-				dead = append(dead, d)
-				c.count(&b, it.msg.ID, OutcomeParked)
-				continue
-			}
-			b.Already++
-			acks = append(acks, it.msg.ID)
-			c.count(&b, it.msg.ID, OutcomeAlreadyBilled)
+			c.ended(&b, it.msg, it.req, cl.Record, &acks, &dead, &sent)
 		case meterledger.Parked:
 			b.Parked++
 			sent = append(sent, sentOf(it.req, cl.Record, meterledger.StatusParked, cl.Reason))
@@ -279,20 +268,30 @@ func (c *MeterConsumer) heartbeat(ctx context.Context, send []*pendingMsg) {
 	}
 }
 
-// parkedBefore is the dead letter of entry m whose event was parked before
-// the entry was acked: by the usage repair after a ledger rollback (it
-// parks the entries not acked that are past the safe window, and writes no
-// dead letter), or by a consumer whose dead letter and ack a Redis rollback
-// lost; or settled as not counted since (meterledger.Record.LeftToAPerson).
-// It carries the row's reason, so that a person can settle it and replay
-// it; the parking was alerted already (ledger_repaired,
-// meter_event_parked). A replay is decided by the ledger instead (refused
-// or reopened).
-func parkedBefore(m redis.XMessage, r meterledger.Request, rec meterledger.Record) (Dead, bool) {
-	if !rec.LeftToAPerson() || r.Replay {
-		return Dead{}, false
+// ended settles entry m whose event the ledger had already ended
+// (delivered, refused, parked, or settled): the witness of a delivered or
+// parked one, then its ack. One left to a person
+// (meterledger.Record.LeftToAPerson) is dead-lettered instead, with the
+// row's reason, so that they can settle it and replay it: parked before
+// its entry was acked (by the usage repair after a ledger rollback, which
+// writes no dead letter, or by a consumer whose dead letter and ack a
+// Redis rollback lost), or settled as not counted since. Its parking was
+// alerted already (ledger_repaired, meter_event_parked). A replay is
+// decided by the ledger instead (refused or reopened).
+func (c *MeterConsumer) ended(b *MeterBatch, m redis.XMessage, r meterledger.Request, rec meterledger.Record,
+	acks *[]string, dead *[]Dead, sent *[]meterwitness.Sent) {
+	if st := rec.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
+		*sent = append(*sent, sentOf(r, rec, st, rec.LastError))
 	}
-	return Dead{Msg: m, Reason: ReasonMeterParked, Detail: rec.LastError, Alerted: true}, true
+	if rec.LeftToAPerson() && !r.Replay {
+		b.Parked++
+		*dead = append(*dead, Dead{Msg: m, Reason: ReasonMeterParked, Detail: rec.LastError, Alerted: true})
+		c.count(b, m.ID, OutcomeParked)
+		return
+	}
+	b.Already++
+	*acks = append(*acks, m.ID)
+	c.count(b, m.ID, OutcomeAlreadyBilled)
 }
 
 // settle mirrors the ledger witness and writes the meter witness, then

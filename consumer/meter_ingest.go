@@ -63,18 +63,7 @@ func (c *MeterConsumer) ingest(ctx context.Context, msgs []redis.XMessage) (Mete
 			sent = append(sent, sentOf(r, g.Record, meterledger.StatusQueued, ""))
 			c.count(&b, m.ID, OutcomeProcessing)
 		case meterledger.AlreadyDelivered, meterledger.AlreadyTerminal:
-			if st := g.Record.Status; st == meterledger.StatusDelivered || st == meterledger.StatusParked {
-				sent = append(sent, sentOf(r, g.Record, st, g.Record.LastError))
-			}
-			if d, ok := parkedBefore(m, r, g.Record); ok {
-				b.Parked++
-				dead = append(dead, d)
-				c.count(&b, m.ID, OutcomeParked)
-				continue
-			}
-			b.Already++
-			acks = append(acks, m.ID)
-			c.count(&b, m.ID, OutcomeAlreadyBilled)
+			c.ended(&b, m, r, g.Record, &acks, &dead, &sent)
 		case meterledger.OverCap:
 			b.OverCap++
 			s := g.Cap

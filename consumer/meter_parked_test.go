@@ -11,7 +11,6 @@ import (
 	"github.com/pelguard/pelguard/consumer"
 	"github.com/pelguard/pelguard/event"
 	"github.com/pelguard/pelguard/internal/meterledger"
-	"github.com/pelguard/pelguard/internal/stripesim"
 	"github.com/pelguard/pelguard/internal/testkit/testenv"
 )
 
@@ -156,10 +155,7 @@ func TestMeterReplayPastStripesDaysGoesBackToTheDeadLetters(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
 	clk := newSimClock(now)
-	b := setup(t, opts{clk: clk, simNow: now})
-	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
-		t.Fatal(err)
-	}
+	b := meterWorldWith(t, opts{clk: clk, simNow: now})
 	ctx := context.Background()
 	e := meterEvent(8, 2, now.Add(-time.Hour))
 	b.addMeter(t, e)

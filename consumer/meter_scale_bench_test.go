@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -173,7 +174,7 @@ func runScaleBench(b *testing.B, mode string) {
 		go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	}
 
-	server0 := readServer(ctx, b, w.pool)
+	server0 := readServer(ctx, b, w.pool, serverFigures{})
 	r := &scaleRun{producing: true}
 	b.StartTimer()
 	start := time.Now()
@@ -436,15 +437,15 @@ func aggregateStats(ctx context.Context, b *testing.B, pool *pgxpool.Pool) aggre
 
 // serverFigures are the Postgres server's counters a run is read against.
 type serverFigures struct {
-	checkpoints int64   // started, timed or requested
+	checkpoints int64   // started, timed or requested, since the earlier reading
 	walLSN      string  // the WAL's insert position
-	walBytes    float64 // the WAL written since the earlier reading (0 for the first)
+	walBytes    float64 // the WAL written since the earlier reading
 }
 
-// readServer reads the server's checkpoint count (pg_stat_checkpointer
-// from Postgres 17, pg_stat_bgwriter before) and its WAL position; given
-// an earlier reading, the checkpoints and the WAL since it.
-func readServer(ctx context.Context, b *testing.B, pool *pgxpool.Pool, earlier ...serverFigures) serverFigures {
+// readServer reads the server's checkpoints (pg_stat_checkpointer from
+// Postgres 17, pg_stat_bgwriter before) and its WAL, since earlier (the
+// zero value: since the server began).
+func readServer(ctx context.Context, b *testing.B, pool *pgxpool.Pool, earlier serverFigures) serverFigures {
 	var f serverFigures
 	err := pool.QueryRow(ctx, `SELECT num_timed + num_requested FROM pg_stat_checkpointer`).Scan(&f.checkpoints)
 	if err != nil {
@@ -453,17 +454,10 @@ func readServer(ctx context.Context, b *testing.B, pool *pgxpool.Pool, earlier .
 	if err != nil {
 		b.Fatal(fmt.Errorf("reading the server's checkpoints: %w", err))
 	}
-	from := "0/0"
-	if len(earlier) > 0 {
-		f.checkpoints -= earlier[0].checkpoints
-		from = earlier[0].walLSN
-	}
+	f.checkpoints -= earlier.checkpoints
 	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`,
-		from).Scan(&f.walLSN, &f.walBytes); err != nil {
+		cmp.Or(earlier.walLSN, "0/0")).Scan(&f.walLSN, &f.walBytes); err != nil {
 		b.Fatal(fmt.Errorf("reading the server's WAL position: %w", err))
-	}
-	if len(earlier) == 0 {
-		f.walBytes = 0
 	}
 	return f
 }

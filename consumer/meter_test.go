@@ -29,7 +29,13 @@ func meterEvent(cust, i int, at time.Time) event.MeterEvent {
 // meterWorld is setup's world with a sum meter at the emulator.
 func meterWorld(t *testing.T, simNow time.Time) *bundle {
 	t.Helper()
-	b := setup(t, opts{simNow: simNow})
+	return meterWorldWith(t, opts{simNow: simNow})
+}
+
+// meterWorldWith is meterWorld with setup's options (a clock).
+func meterWorldWith(t *testing.T, o opts) *bundle {
+	t.Helper()
+	b := setup(t, o)
 	if _, err := b.sim.CreateBillingMeter(stripesim.BillingMeterSeed{EventName: meterName}); err != nil {
 		t.Fatal(err)
 	}

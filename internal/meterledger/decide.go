@@ -25,7 +25,9 @@ const (
 	// AlreadyDelivered: recorded as delivered: ack, never send (any age).
 	AlreadyDelivered
 	// AlreadyTerminal: parked or failed before: not sent; ack (the row
-	// says why, and the first time was alerted or dead-lettered).
+	// says why, and the first time was alerted or dead-lettered), or,
+	// for a row left to a person (Record.LeftToAPerson), dead-letter it
+	// again so that they can settle and replay it.
 	AlreadyTerminal
 	// Busy: another holder has a live lease on the row (or another copy of
 	// the event in this batch is being sent, or the row changed while this

@@ -27,32 +27,15 @@ import (
 func TestUsageRepairCountsOnlyEntriesThatMayHaveBeenSent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	rdb := testenv.Redis(t)
-	ml, err := meterledger.New(pool, meterledger.Config{Schema: testenv.SchemaOf(pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ledgerID, err := ml.LedgerID(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := testenv.Name(t, "usage")
-	ws := meterwitness.Stream{Stream: stream, Group: "meters", Namespace: "repair-usage"}
-	testenv.CleanupKeys(t, rdb, stream, meterwitness.Key(stream, "meters"), meterwitness.RegistryKey(ledgerID))
 	now := time.Now().UTC()
 	ts := now.Add(-10 * time.Minute).Truncate(time.Second)
 	evOf := func(i int) event.MeterEvent {
 		return event.MeterEvent{EventName: "api_requests", StripeCustomerID: fmt.Sprintf("cus_%d", i), Value: int64(i), Timestamp: ts,
 			EventID: fmt.Sprintf("e%d", i)}
 	}
-	// The witness registers the stream (and holds one delivered event).
-	known := evOf(9)
-	if err := meterwitness.Record(ctx, rdb, ledgerID, ws, []meterwitness.Sent{{Status: meterwitness.Delivered, EventTS: ts,
-		Identifier: known.Identifier(ws.Namespace), EventName: known.EventName, StripeCustomerID: known.StripeCustomerID, Value: known.Value,
-		FirstSentAt: ts}}, now, false); err != nil {
-		t.Fatal(err)
-	}
+	known := evOf(9) // delivered: the witness holds it
+	ml, rdb, ws := usageRepairWorld(t, "repair-usage", known, now)
+	stream := ws.Stream
 	found := now.Add(-time.Minute) // the loss was found a minute ago
 	add := func(at time.Time, e event.MeterEvent) string {
 		t.Helper()
@@ -62,9 +45,6 @@ func TestUsageRepairCountsOnlyEntriesThatMayHaveBeenSent(t *testing.T) {
 			t.Fatal(err)
 		}
 		return id
-	}
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "meters", "0").Err(); err != nil {
-		t.Fatal(err)
 	}
 	add(found.Add(-3*time.Minute), evOf(1)) // read before the loss was found, not acked
 	add(found.Add(-2*time.Minute), evOf(9)) // the witnessed one, re-read: its row comes back
@@ -107,37 +87,16 @@ func TestUsageRepairCountsOnlyEntriesThatMayHaveBeenSent(t *testing.T) {
 func TestUsageRepairParksWithTheEventsTimeAsItsFirstAttempt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	rdb := testenv.Redis(t)
-	ml, err := meterledger.New(pool, meterledger.Config{Schema: testenv.SchemaOf(pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ledgerID, err := ml.LedgerID(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
+	ts := now.Add(-30 * time.Hour).Truncate(time.Second)
+	ev := event.MeterEvent{EventName: "api_requests", StripeCustomerID: "cus_p", Value: 5, Timestamp: ts, EventID: "p1"}
+	other := ev // delivered: the witness holds it
+	other.EventID, other.StripeCustomerID = "p0", "cus_o"
+	ml, rdb, ws := usageRepairWorld(t, "repair-park", other, now)
 	if _, err := ml.EnsurePartitions(ctx, now); err != nil {
 		t.Fatal(err)
 	}
-	stream := testenv.Name(t, "usage")
-	ws := meterwitness.Stream{Stream: stream, Group: "meters", Namespace: "repair-park"}
-	testenv.CleanupKeys(t, rdb, stream, meterwitness.Key(stream, "meters"), meterwitness.RegistryKey(ledgerID))
-	ts := now.Add(-30 * time.Hour).Truncate(time.Second)
-	ev := event.MeterEvent{EventName: "api_requests", StripeCustomerID: "cus_p", Value: 5, Timestamp: ts, EventID: "p1"}
-	// The witness registers the stream (one delivered event of another).
-	other := ev
-	other.EventID, other.StripeCustomerID = "p0", "cus_o"
-	if err := meterwitness.Record(ctx, rdb, ledgerID, ws, []meterwitness.Sent{{Status: meterwitness.Delivered, EventTS: ts,
-		Identifier: other.Identifier(ws.Namespace), EventName: other.EventName, StripeCustomerID: other.StripeCustomerID,
-		Value: other.Value, FirstSentAt: ts}}, now, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.XGroupCreateMkStream(ctx, stream, "meters", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
-	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{event.PayloadField: ev.Payload()}}).Result()
+	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: ws.Stream, Values: map[string]any{event.PayloadField: ev.Payload()}}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,4 +115,34 @@ func TestUsageRepairParksWithTheEventsTimeAsItsFirstAttempt(t *testing.T) {
 	if err != nil || claims[0].Decision != meterledger.ReplayRefused {
 		t.Fatalf("a replay of it: %+v %v; want it refused until settled", claims, err)
 	}
+}
+
+// usageRepairWorld is a meter ledger and a stream (group "meters") that
+// the meter witness has registered by holding known, delivered.
+func usageRepairWorld(t *testing.T, namespace string, known event.MeterEvent, now time.Time) (*meterledger.Ledger, *redis.Client,
+	meterwitness.Stream) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	rdb := testenv.Redis(t)
+	ml, err := meterledger.New(pool, meterledger.Config{Schema: testenv.SchemaOf(pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgerID, err := ml.LedgerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := testenv.Name(t, "usage")
+	ws := meterwitness.Stream{Stream: stream, Group: "meters", Namespace: namespace}
+	testenv.CleanupKeys(t, rdb, stream, meterwitness.Key(stream, "meters"), meterwitness.RegistryKey(ledgerID))
+	if err := meterwitness.Record(ctx, rdb, ledgerID, ws, []meterwitness.Sent{{Status: meterwitness.Delivered, EventTS: known.Timestamp,
+		Identifier: known.Identifier(namespace), EventName: known.EventName, StripeCustomerID: known.StripeCustomerID,
+		Value: known.Value, FirstSentAt: known.Timestamp}}, now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XGroupCreateMkStream(ctx, stream, "meters", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ml, rdb, ws
 }
